@@ -1,0 +1,483 @@
+//! A build: source → tree + chunks → blob, metadata, layer descriptor.
+//!
+//! [`LayerBuilder`] is the [`EntrySink`] every source feeds. It places entries in the [`Tree`] and turns
+//! regular files into work for the chunk [`Pool`]: tiny files stay inline in the metadata, small files
+//! are grouped into shared frames, larger files are cut into fixed-size chunks. When the source is done
+//! the pool seals the blob; chunk digests are resolved to `(device, block)` — the new blob is device 1,
+//! followed by the parent's blobs that the layer still references — and the EROFS writer lays out the
+//! metadata. Objects are stored in dependency order: blob, metadata, then the descriptor, so a failure at
+//! any point leaves nothing referenced.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use strata_registry::digest::Digest;
+use strata_registry::model::{BlobRef, LayerDescriptor, LayerKind, LayerStats, ObjectRef, SCHEMA};
+use strata_registry::store::Store;
+
+use crate::chunker::{ChunkData, Pool, PoolOptions, Unit};
+use crate::erofs::{self, ChunkLoc, DeviceSlot};
+use crate::error::BuildError;
+use crate::source::{Entry, EntryKind, EntrySink, FileSource};
+use crate::tree::{FileData, Meta, NodeId, NodeKind, Tree};
+
+/// Default chunk size: 1 MiB.
+pub const DEFAULT_CHUNK_SIZE: u64 = 1 << 20;
+/// Files up to this size are stored inside the metadata.
+pub const DEFAULT_INLINE_MAX: u64 = 2048;
+/// Files below this size are grouped with their neighbours into one compressed frame.
+const GROUP_FILE_MAX: u64 = 64 << 10;
+/// Uncompressed bytes of a group frame.
+const GROUP_TARGET: usize = 128 << 10;
+
+/// How to build a layer.
+#[derive(Clone)]
+pub struct BuildOptions {
+    pub kind: LayerKind,
+    /// A power of two from 4 KiB to 16 MiB.
+    pub chunk_size: u64,
+    /// zstd level.
+    pub level: i32,
+    pub inline_max: u64,
+    pub threads: usize,
+    /// Layers whose chunks are not stored again (e.g. the previous version, or an image's layers).
+    pub parents: Vec<Digest>,
+    pub labels: BTreeMap<String, String>,
+    /// Bytes of file data processed so far (for progress displays).
+    pub progress: Arc<AtomicU64>,
+}
+
+impl BuildOptions {
+    /// Defaults for a layer of `kind`.
+    pub fn new(kind: LayerKind) -> BuildOptions {
+        BuildOptions {
+            kind,
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            level: 3,
+            inline_max: DEFAULT_INLINE_MAX,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            parents: Vec::new(),
+            labels: BTreeMap::new(),
+            progress: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn check(&self) -> Result<(), BuildError> {
+        let cs = self.chunk_size;
+        if !cs.is_power_of_two() || !(4096..=16 << 20).contains(&cs) {
+            return Err(BuildError::Option(format!(
+                "chunk size {cs} must be a power of two from 4096 to 16777216"
+            )));
+        }
+        if !(1..=22).contains(&self.level) {
+            return Err(BuildError::Option(format!(
+                "zstd level {} must be 1 to 22",
+                self.level
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A stored layer.
+#[derive(Clone, Debug)]
+pub struct BuiltLayer {
+    pub digest: Digest,
+    pub descriptor: LayerDescriptor,
+}
+
+/// Parent chunks: digest → (index into `blobs`, block).
+struct ParentIndex {
+    blobs: Vec<BlobRef>,
+    chunks: HashMap<Digest, (usize, u32)>,
+}
+
+fn load_parents(store: &Store, parents: &[Digest]) -> Result<ParentIndex, BuildError> {
+    let mut idx = ParentIndex {
+        blobs: Vec::new(),
+        chunks: HashMap::new(),
+    };
+    let mut seen = HashMap::new();
+    for p in parents {
+        let layer = store.get_layer(p)?;
+        for b in &layer.blobs {
+            if seen.contains_key(&b.digest) {
+                continue;
+            }
+            let toc = store.get_toc(b)?;
+            let i = idx.blobs.len();
+            seen.insert(b.digest, i);
+            idx.blobs.push(b.clone());
+            for c in &toc.chunks {
+                idx.chunks.entry(c.digest).or_insert((i, c.block));
+            }
+        }
+    }
+    Ok(idx)
+}
+
+/// The sink sources feed: builds the tree and feeds the chunk pool.
+pub struct LayerBuilder {
+    pub tree: Tree,
+    pool: Pool,
+    opts: BuildOptions,
+    group: Vec<(NodeId, ChunkData)>,
+    group_bytes: usize,
+    stats: LayerStats,
+}
+
+impl LayerBuilder {
+    fn new(opts: BuildOptions, pool: Pool) -> LayerBuilder {
+        LayerBuilder {
+            tree: Tree::new(),
+            pool,
+            opts,
+            group: Vec::new(),
+            group_bytes: 0,
+            stats: LayerStats::default(),
+        }
+    }
+
+    fn flush_group(&mut self) -> Result<(), BuildError> {
+        if !self.group.is_empty() {
+            let g = std::mem::take(&mut self.group);
+            self.group_bytes = 0;
+            self.pool.send(Unit::Group(g))?;
+        }
+        Ok(())
+    }
+
+    fn add_file(
+        &mut self,
+        path: &[u8],
+        meta: Meta,
+        size: u64,
+        data: FileSource<'_>,
+    ) -> Result<(), BuildError> {
+        let shown = || String::from_utf8_lossy(path).into_owned();
+        if size <= self.opts.inline_max {
+            let mut bytes = Vec::with_capacity(size as usize);
+            match data {
+                FileSource::Path { path: p, .. } => {
+                    let mut f = std::fs::File::open(&p).map_err(|e| BuildError::io(&p, e))?;
+                    f.read_to_end(&mut bytes)
+                        .map_err(|e| BuildError::io(&p, e))?;
+                }
+                FileSource::Stream(r) => {
+                    r.take(size)
+                        .read_to_end(&mut bytes)
+                        .map_err(|e| BuildError::Tar(format!("{}: {e}", shown())))?;
+                }
+            }
+            if bytes.len() as u64 != size {
+                return Err(BuildError::Tar(format!(
+                    "{}: expected {size} bytes, got {} (truncated input or file changed while building)",
+                    shown(),
+                    bytes.len()
+                )));
+            }
+            self.tree.insert(
+                path,
+                meta,
+                NodeKind::File {
+                    size,
+                    data: FileData::Inline(bytes),
+                },
+            )?;
+            return Ok(());
+        }
+        let cs = self.opts.chunk_size;
+        let n = size.div_ceil(cs);
+        let node = self.tree.insert(
+            path,
+            meta,
+            NodeKind::File {
+                size,
+                data: FileData::Chunks(vec![None; n as usize]),
+            },
+        )?;
+        self.stats.chunks += n;
+        if size < GROUP_FILE_MAX {
+            let d = match data {
+                FileSource::Path { path: p, sparse } => ChunkData::File {
+                    path: Arc::new(p),
+                    offset: 0,
+                    len: size,
+                    sparse,
+                },
+                FileSource::Stream(r) => ChunkData::Bytes(read_exact_stream(r, size, path)?),
+            };
+            self.group.push((node, d));
+            self.group_bytes += size as usize;
+            if self.group_bytes >= GROUP_TARGET {
+                self.flush_group()?;
+            }
+            return Ok(());
+        }
+        match data {
+            FileSource::Path { path: p, sparse } => {
+                let p = Arc::new(p);
+                for i in 0..n {
+                    let offset = i * cs;
+                    self.pool.send(Unit::Chunk {
+                        node,
+                        index: i as u32,
+                        data: ChunkData::File {
+                            path: p.clone(),
+                            offset,
+                            len: cs.min(size - offset),
+                            sparse,
+                        },
+                    })?;
+                }
+            }
+            FileSource::Stream(r) => {
+                for i in 0..n {
+                    let len = cs.min(size - i * cs);
+                    let bytes = read_exact_stream(r, len, path)?;
+                    self.pool.send(Unit::Chunk {
+                        node,
+                        index: i as u32,
+                        data: ChunkData::Bytes(bytes),
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_exact_stream(r: &mut dyn Read, len: u64, path: &[u8]) -> Result<Vec<u8>, BuildError> {
+    let mut buf = vec![0u8; len as usize];
+    r.read_exact(&mut buf).map_err(|e| {
+        BuildError::Tar(format!(
+            "{}: file data ends early ({e}): truncated stream?",
+            String::from_utf8_lossy(path)
+        ))
+    })?;
+    Ok(buf)
+}
+
+impl EntrySink for LayerBuilder {
+    fn add(&mut self, entry: Entry, data: Option<FileSource<'_>>) -> Result<(), BuildError> {
+        let Entry { path, meta, kind } = entry;
+        let node = match kind {
+            EntryKind::File { size } => {
+                let data = data.ok_or_else(|| BuildError::Unsupported {
+                    path: String::from_utf8_lossy(&path).into_owned(),
+                    why: "regular file without data".into(),
+                })?;
+                return self.add_file(&path, meta, size, data);
+            }
+            EntryKind::HardLink(target) => {
+                self.tree.link(&path, &target)?;
+                return Ok(());
+            }
+            EntryKind::Opaque => {
+                self.tree.set_opaque(&path)?;
+                return Ok(());
+            }
+            EntryKind::Dir => NodeKind::Dir(BTreeMap::new()),
+            EntryKind::Symlink(t) => NodeKind::Symlink(t),
+            EntryKind::CharDev { rdev } => NodeKind::CharDev { rdev },
+            EntryKind::BlockDev { rdev } => NodeKind::BlockDev { rdev },
+            EntryKind::Fifo => NodeKind::Fifo,
+            EntryKind::Socket => NodeKind::Socket,
+            EntryKind::Whiteout => NodeKind::CharDev { rdev: 0 },
+        };
+        self.tree.insert(&path, meta, node)?;
+        Ok(())
+    }
+}
+
+/// Builds a layer from a directory.
+pub fn build_dir(store: &Store, root: &Path, opts: BuildOptions) -> Result<BuiltLayer, BuildError> {
+    build_with(store, opts, |sink| crate::source::dir::walk_dir(root, sink))
+}
+
+/// Builds a layer from a tar stream (plain, gzip or zstd).
+pub fn build_tar(
+    store: &Store,
+    reader: Box<dyn Read + Send>,
+    opts: BuildOptions,
+) -> Result<BuiltLayer, BuildError> {
+    let stream = crate::source::tar::open_stream(reader)?;
+    build_with(store, opts, |sink| {
+        crate::source::tar::read_tar(stream, sink)
+    })
+}
+
+/// Builds a layer from any source.
+pub fn build_with(
+    store: &Store,
+    opts: BuildOptions,
+    source: impl FnOnce(&mut dyn EntrySink) -> Result<(), BuildError>,
+) -> Result<BuiltLayer, BuildError> {
+    opts.check()?;
+    let parents = load_parents(store, &opts.parents)?;
+    let parent_chunks: HashMap<Digest, (usize, u32)> = parents.chunks;
+    let parent_chunks = Arc::new(parent_chunks);
+    let pool = Pool::start(PoolOptions {
+        threads: opts.threads,
+        level: opts.level,
+        spool_dir: store.spool_dir()?,
+        parent: parent_chunks.clone(),
+        progress: opts.progress.clone(),
+    })?;
+    let mut b = LayerBuilder::new(opts, pool);
+    source(&mut b)?;
+    b.flush_group()?;
+    let LayerBuilder {
+        mut tree,
+        pool,
+        opts,
+        mut stats,
+        ..
+    } = b;
+    let packed = pool.finish()?;
+    let spool = packed.blob.as_ref().map(|b| b.spool.clone());
+    let result = finish(
+        store,
+        &mut tree,
+        packed,
+        &parents.blobs,
+        &parent_chunks,
+        &opts,
+        &mut stats,
+    );
+    if result.is_err() {
+        if let Some(s) = spool {
+            let _ = std::fs::remove_file(s);
+        }
+    }
+    result
+}
+
+fn finish(
+    store: &Store,
+    tree: &mut Tree,
+    packed: crate::chunker::Packed,
+    parent_blobs: &[BlobRef],
+    parent_chunks: &HashMap<Digest, (usize, u32)>,
+    opts: &BuildOptions,
+    stats: &mut LayerStats,
+) -> Result<BuiltLayer, BuildError> {
+    if opts.kind == LayerKind::Base && opts.parents.is_empty() {
+        tree.drop_whiteouts();
+    }
+    // Fill chunk digests into the tree.
+    for (node, index, d) in &packed.refs {
+        if let NodeKind::File {
+            data: FileData::Chunks(c),
+            ..
+        } = &mut tree.nodes[*node].kind
+        {
+            if let Some(slot) = c.get_mut(*index as usize) {
+                *slot = *d;
+            }
+        }
+    }
+    // Devices: the new blob first, then the parent blobs still referenced, in the parents' order.
+    let mut blobs: Vec<BlobRef> = Vec::new();
+    if let Some(b) = &packed.blob {
+        blobs.push(BlobRef {
+            digest: b.digest,
+            size: b.size,
+            view_size: b.toc.view_size(),
+            toc_offset: b.footer.toc_offset,
+            toc_len: b.footer.toc_len,
+            toc_digest: b.footer.toc_digest,
+            chunks: b.toc.chunks.len() as u64,
+        });
+    }
+    let mut used = vec![false; parent_blobs.len()];
+    for (_, _, d) in &packed.refs {
+        if let Some(d) = d {
+            if !packed.placed.contains_key(d) {
+                if let Some((i, _)) = parent_chunks.get(d) {
+                    used[*i] = true;
+                }
+            }
+        }
+    }
+    let mut parent_device = vec![0u16; parent_blobs.len()];
+    for (i, b) in parent_blobs.iter().enumerate() {
+        if used[i] {
+            blobs.push(b.clone());
+            parent_device[i] = blobs.len() as u16;
+        }
+    }
+    let devices: Vec<DeviceSlot> = blobs
+        .iter()
+        .map(|b| {
+            let mut tag = [0u8; 64];
+            tag.copy_from_slice(b.digest.hex().as_bytes());
+            DeviceSlot {
+                tag,
+                blocks: (b.view_size / 4096) as u32,
+            }
+        })
+        .collect();
+    let new_device = if packed.blob.is_some() { 1 } else { 0 };
+    let resolve = |d: &Digest| -> Option<ChunkLoc> {
+        if let Some(block) = packed.placed.get(d) {
+            return Some(ChunkLoc {
+                device: new_device,
+                block: *block,
+            });
+        }
+        parent_chunks.get(d).map(|(i, block)| ChunkLoc {
+            device: parent_device[*i],
+            block: *block,
+        })
+    };
+    let chunk_bits = opts.chunk_size.trailing_zeros() as u8;
+    let image = erofs::write_image(tree, &devices, chunk_bits, &resolve)?;
+
+    // Figures.
+    stats.entries = tree.entry_count();
+    stats.new_chunks = packed.new_chunks;
+    stats.new_bytes = packed.new_bytes;
+    let mut seen = vec![false; tree.nodes.len()];
+    let mut stack = vec![0usize];
+    while let Some(id) = stack.pop() {
+        if std::mem::replace(&mut seen[id], true) {
+            continue;
+        }
+        match &tree.nodes[id].kind {
+            NodeKind::Dir(c) => stack.extend(c.values().copied()),
+            NodeKind::File { size, .. } => {
+                stats.files += 1;
+                stats.file_bytes += size;
+            }
+            k if k.is_whiteout() => stats.whiteouts += 1,
+            _ => {}
+        }
+    }
+
+    // Store in dependency order: blob, metadata, descriptor.
+    if let Some(b) = &packed.blob {
+        store.put_blob_file(&b.digest, &b.spool)?;
+        stats.stored_bytes += b.size;
+    }
+    let (meta_digest, meta_stored) = store.put_meta(&image)?;
+    stats.stored_bytes += meta_stored;
+    let descriptor = LayerDescriptor {
+        schema: SCHEMA,
+        kind: opts.kind,
+        meta: ObjectRef {
+            digest: meta_digest,
+            size: image.len() as u64,
+        },
+        blobs,
+        chunk_size: opts.chunk_size,
+        stats: stats.clone(),
+        parent: opts.parents.first().copied(),
+        labels: opts.labels.clone(),
+    };
+    let digest = store.put_layer(&descriptor)?;
+    Ok(BuiltLayer { digest, descriptor })
+}

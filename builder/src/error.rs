@@ -1,0 +1,44 @@
+//! The builder's errors. Each names what was wrong and where; none leaves anything referenced in a store.
+
+use std::path::PathBuf;
+
+use strata_registry::store::StoreError;
+
+use crate::tree::TreeError;
+
+/// Everything that can stop a build.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("source {path} does not exist")]
+    MissingSource { path: PathBuf },
+    #[error("tar stream: {0}")]
+    Tar(String),
+    #[error("tar entry {path:?} is unsafe: {why}")]
+    UnsafeEntry { path: String, why: &'static str },
+    #[error("{0}")]
+    Tree(#[from] TreeError),
+    #[error("{path}: {why}")]
+    Unsupported { path: String, why: String },
+    #[error("EROFS writer: {0}")]
+    Erofs(String),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("invalid option: {0}")]
+    Option(String),
+}
+
+impl BuildError {
+    /// An I/O error at `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> BuildError {
+        BuildError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

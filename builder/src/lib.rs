@@ -1,0 +1,18 @@
+//! strata's layer builder.
+//!
+//! A build reads a [`source`] (a directory or a tar stream) into a [`tree::Tree`], cuts regular files into
+//! fixed-size chunks on all cores (BLAKE3 digest, zstd), deduplicates them within the layer and against a
+//! parent, writes the new chunks into one blob with its table of contents, and lays the tree out as an
+//! EROFS metadata image ([`erofs`]) whose chunk indexes point into the blobs' uncompressed views through the
+//! device table. The blob, the metadata and the layer descriptor are then stored, in that order.
+
+pub mod erofs;
+pub mod error;
+pub mod source;
+pub mod tree;
+
+pub use error::BuildError;
+pub mod build;
+pub mod chunker;
+
+pub use build::{build_dir, build_tar, build_with, BuildOptions, BuiltLayer};

@@ -1,0 +1,76 @@
+//! Sources of layer content.
+//!
+//! A source walks its input once, in order, and hands each entry to an [`EntrySink`]. Regular files come
+//! either with a path the builder's workers read in parallel ([`FileSource::Path`], a directory source) or
+//! with their bytes as a stream the sink must consume before the source moves on ([`FileSource::Stream`],
+//! a tar source). Paths are relative to the layer root, already checked: no `..`, no absolute paths, no NUL,
+//! every component 1..=255 bytes. A hostile input is an error naming the entry, never a partial layer.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use crate::error::BuildError;
+use crate::tree::Meta;
+
+pub mod dir;
+pub mod tar;
+
+/// One entry of a source.
+#[derive(Debug)]
+pub struct Entry {
+    /// Relative path inside the layer, `/`-separated; empty for the root directory.
+    pub path: Vec<u8>,
+    pub meta: Meta,
+    pub kind: EntryKind,
+}
+
+/// What an entry is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryKind {
+    Dir,
+    /// A regular file of `size` bytes; its data comes as the sink's `data` argument.
+    File {
+        size: u64,
+    },
+    Symlink(Vec<u8>),
+    /// A hard link to an earlier entry of the same source (relative path).
+    HardLink(Vec<u8>),
+    CharDev {
+        rdev: u64,
+    },
+    BlockDev {
+        rdev: u64,
+    },
+    Fifo,
+    Socket,
+    /// An OCI whiteout (`.wh.NAME`): `path` names the hidden entry. Becomes an overlay whiteout.
+    Whiteout,
+    /// An OCI opaque marker (`.wh..wh..opq`): `path` names the directory made opaque.
+    Opaque,
+}
+
+/// Where a regular file's bytes come from.
+pub enum FileSource<'a> {
+    /// A file on disk, read by the builder's workers (in parallel, by offset). `sparse` says the file has
+    /// holes worth looking for (`SEEK_DATA`/`SEEK_HOLE`).
+    Path { path: PathBuf, sparse: bool },
+    /// Exactly `size` bytes to be read now, before the source goes on.
+    Stream(&'a mut dyn Read),
+}
+
+/// Receives a source's entries.
+pub trait EntrySink {
+    /// One entry; `data` is `Some` exactly for [`EntryKind::File`].
+    fn add(&mut self, entry: Entry, data: Option<FileSource<'_>>) -> Result<(), BuildError>;
+}
+
+/// Joins a relative path and a name with `/`.
+pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    p.extend_from_slice(dir);
+    if !dir.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}

@@ -1,0 +1,218 @@
+//! The control API: HTTP/1.1 and JSON on a Unix socket (`<runtime>/stratad.sock`), documented in
+//! `docs/API.md`, and the small client the CLI uses.
+//!
+//! The protocol is deliberately small — one request per connection, `Content-Length` bodies, JSON in
+//! and out — so it needs no HTTP framework and any client (`curl --unix-socket`) can speak it. The socket
+//! is root's only (mode 0600) unless a group is configured (0660, that group).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::daemon::{Daemon, DaemonError};
+
+/// Largest request body accepted.
+const MAX_BODY: usize = 1 << 20;
+
+/// A parsed request.
+struct Request {
+    method: String,
+    path: String,
+    body: Vec<u8>,
+}
+
+fn read_request(stream: &mut UnixStream) -> std::io::Result<Request> {
+    let mut r = BufReader::new(stream);
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("").to_string();
+    let path = parts.next().unwrap_or("").to_string();
+    let mut len = 0usize;
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h)? == 0 || h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            if k.trim().eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    if len > MAX_BODY {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "body too large",
+        ));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    Ok(Request { method, path, body })
+}
+
+fn respond(stream: &mut UnixStream, status: u16, content_type: &str, body: &[u8]) {
+    let reason = match status {
+        200 => "OK",
+        201 => "Created",
+        400 => "Bad Request",
+        404 => "Not Found",
+        409 => "Conflict",
+        502 => "Bad Gateway",
+        _ => "Error",
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = stream.write_all(head.as_bytes());
+    let _ = stream.write_all(body);
+}
+
+fn error_json(e: &DaemonError) -> (u16, Value) {
+    (e.status(), json!({"error": e.to_string()}))
+}
+
+fn sandbox_json(d: &Daemon, s: &crate::daemon::Sandbox) -> Value {
+    let mut v = serde_json::to_value(s).unwrap_or(Value::Null);
+    v["fetched_bytes"] = json!(d.fetched_bytes(&s.layers));
+    v
+}
+
+fn handle(d: &Daemon, req: Request) -> (u16, &'static str, Vec<u8>) {
+    let json_reply =
+        |(status, v): (u16, Value)| (status, "application/json", v.to_string().into_bytes());
+    let path = req.path.split('?').next().unwrap_or("");
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (req.method.as_str(), segs.as_slice()) {
+        ("GET", ["metrics"]) => (
+            200,
+            "text/plain; version=0.0.4",
+            d.render_metrics().into_bytes(),
+        ),
+        ("GET", ["v1", "status"]) => json_reply((200, d.status())),
+        ("GET", ["v1", "sandboxes"]) => {
+            let v: Vec<Value> = d.sandboxes().iter().map(|s| sandbox_json(d, s)).collect();
+            json_reply((200, json!(v)))
+        }
+        ("GET", ["v1", "sandboxes", id]) => json_reply(match d.sandbox(id) {
+            Some(s) => (200, sandbox_json(d, &s)),
+            None => error_json(&DaemonError::NoSandbox(id.to_string())),
+        }),
+        ("POST", ["v1", "sandboxes"]) => {
+            let body: Value = match serde_json::from_slice(&req.body) {
+                Ok(v) => v,
+                Err(e) => return json_reply((400, json!({"error": format!("bad JSON: {e}")}))),
+            };
+            let (Some(image), Some(id)) = (body["image"].as_str(), body["id"].as_str()) else {
+                return json_reply((400, json!({"error": "need \"image\" and \"id\""})));
+            };
+            let dir = body["dir"].as_str().map(PathBuf::from);
+            json_reply(match d.create_sandbox(image, id, dir.as_deref()) {
+                Ok(s) => (201, sandbox_json(d, &s)),
+                Err(e) => error_json(&e),
+            })
+        }
+        ("DELETE", ["v1", "sandboxes", id]) => json_reply(match d.remove_sandbox(id) {
+            Ok(s) => (200, sandbox_json(d, &s)),
+            Err(e) => error_json(&e),
+        }),
+        _ => json_reply((
+            404,
+            json!({"error": format!("no route {} {}", req.method, req.path)}),
+        )),
+    }
+}
+
+/// Serves the API on `socket` until the process exits.
+pub fn serve(d: Arc<Daemon>, socket: &Path, group: Option<u32>) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(socket);
+    let listener = UnixListener::bind(socket)?;
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(mode))?;
+    if let Some(g) = group {
+        std::os::unix::fs::chown(socket, Some(0), Some(g))?;
+    }
+    for conn in listener.incoming() {
+        let Ok(mut stream) = conn else { continue };
+        let d = d.clone();
+        std::thread::spawn(move || {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+            match read_request(&mut stream) {
+                Ok(req) => {
+                    let (status, ct, body) = handle(&d, req);
+                    respond(&mut stream, status, ct, &body);
+                }
+                Err(e) => respond(&mut stream, 400, "text/plain", e.to_string().as_bytes()),
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Errors of the client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach stratad at {socket}: {source} (is the daemon running? start it with `stratad`)")]
+    Connect {
+        socket: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("stratad: {message}")]
+    Api { status: u16, message: String },
+    #[error("stratad sent a bad reply: {0}")]
+    Reply(String),
+}
+
+/// A client of the control API.
+pub struct Client {
+    pub socket: PathBuf,
+}
+
+impl Client {
+    /// Sends one request; returns the JSON reply (or text, as a JSON string).
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, ClientError> {
+        let mut s = UnixStream::connect(&self.socket).map_err(|source| ClientError::Connect {
+            socket: self.socket.clone(),
+            source,
+        })?;
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: stratad\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let io = |e: std::io::Error| ClientError::Reply(e.to_string());
+        s.write_all(req.as_bytes()).map_err(io)?;
+        let mut resp = Vec::new();
+        s.read_to_end(&mut resp).map_err(io)?;
+        let text = String::from_utf8_lossy(&resp);
+        let (head, body) = text
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| ClientError::Reply("no header end".into()))?;
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| ClientError::Reply("no status".into()))?;
+        let v: Value =
+            serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()));
+        if status >= 300 {
+            let message = v["error"]
+                .as_str()
+                .map_or_else(|| body.to_string(), str::to_string);
+            return Err(ClientError::Api { status, message });
+        }
+        Ok(v)
+    }
+}

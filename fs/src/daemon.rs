@@ -1,0 +1,499 @@
+//! The node daemon's core: layer mounts shared by every sandbox, and one overlay per sandbox.
+//!
+//! Mounting an image resolves tag → manifest → layers. Each layer not yet mounted on the node has its
+//! metadata fetched to local disk (verified), its blobs registered with the FUSE blob server (their
+//! tables of contents fetched and verified), and is mounted as kernel EROFS, file-backed, with one
+//! `device=` per blob file. Layer mounts are reference counted: every sandbox of every image that uses a
+//! layer shares one mount (one page-cache copy) and the last sandbox to go releases it. A sandbox is an
+//! overlay of its image's layers (top first) with its own upper and work directories.
+//!
+//! Directories: `<state>/layers/<hex>.erofs` (metadata, on disk: the kernel refuses tmpfs),
+//! `<state>/cache/` (chunk cache), `<state>/sandboxes/<id>/{upper,work,sandbox.json}`;
+//! `<runtime>/fuse/` (blob server), `<runtime>/layers/<hex>/`, `<runtime>/sandboxes/<id>/rootfs`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use strata_registry::digest::Digest;
+use strata_registry::model::{Manifest, Reference};
+use strata_registry::store::{Store, StoreError};
+
+use crate::blobfs::{self, BlobFs, BlobTable};
+use crate::cache::ChunkCache;
+use crate::fetch::{BlobHandle, Fetcher};
+use crate::metrics::Metrics;
+use crate::mount::{self, MountError};
+
+/// How the daemon runs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Store URL (`file:///…` or `s3://bucket/prefix`).
+    pub store: String,
+    /// Persistent state: layer metadata, chunk cache, sandbox upper directories.
+    pub state_dir: PathBuf,
+    /// Mount points and the control socket.
+    pub runtime_dir: PathBuf,
+    /// Chunk cache bound in bytes.
+    pub cache_size: u64,
+    /// A read that cannot complete within this many seconds fails with EIO.
+    pub read_timeout_secs: f64,
+    /// Largest compressed span fetched in one range request (neighbouring missing chunks merge).
+    pub max_fetch_span: u64,
+    /// FUSE worker threads.
+    pub fuse_threads: usize,
+    /// A group (gid) allowed to use the control socket and read the blob files, besides root.
+    pub group: Option<u32>,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            store: strata_registry::store::DEFAULT_STORE.to_string(),
+            state_dir: PathBuf::from("/var/lib/strata"),
+            runtime_dir: PathBuf::from("/run/strata"),
+            cache_size: 10 << 30,
+            read_timeout_secs: 30.0,
+            max_fetch_span: 4 << 20,
+            fuse_threads: 8,
+            group: None,
+        }
+    }
+}
+
+/// Errors of daemon operations.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Mount(#[from] MountError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no sandbox {0}")]
+    NoSandbox(String),
+    #[error("sandbox {0} already exists")]
+    SandboxExists(String),
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("metadata: {0}")]
+    Metadata(String),
+}
+
+impl DaemonError {
+    /// The HTTP status the control API answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            DaemonError::NoSandbox(_) => 404,
+            DaemonError::Store(e) if e.is_not_found() => 404,
+            DaemonError::SandboxExists(_) => 409,
+            DaemonError::Invalid(_) => 400,
+            DaemonError::Store(StoreError::Model(_)) => 400,
+            DaemonError::Store(StoreError::Backend { .. } | StoreError::Timeout { .. }) => 502,
+            _ => 500,
+        }
+    }
+}
+
+fn io(path: &Path, source: std::io::Error) -> DaemonError {
+    DaemonError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+struct LayerMount {
+    refs: usize,
+    path: PathBuf,
+    blobs: Vec<Digest>,
+}
+
+/// A sandbox, as recorded on disk and reported by the API.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Sandbox {
+    pub id: String,
+    pub image: String,
+    pub manifest: Digest,
+    /// Layers bottom first.
+    pub layers: Vec<Digest>,
+    pub rootfs: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub created: u64,
+    /// Stored bytes of the image (metadata and blobs).
+    pub image_bytes: u64,
+}
+
+#[derive(Default)]
+struct State {
+    layers: HashMap<Digest, LayerMount>,
+    sandboxes: BTreeMap<String, Sandbox>,
+}
+
+/// The node daemon.
+pub struct Daemon {
+    pub config: Config,
+    store: Arc<Store>,
+    pub metrics: Arc<Metrics>,
+    fetcher: Arc<Fetcher>,
+    table: Arc<BlobTable>,
+    state: Mutex<State>,
+    /// Serializes mounting new layers (not sandboxes of mounted layers).
+    layer_lock: Mutex<()>,
+    fuse: Mutex<Option<fuser::BackgroundSession>>,
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && !id.starts_with('.')
+}
+
+impl Daemon {
+    /// Starts the daemon: cleans mounts a crashed predecessor left, opens the store and cache, mounts
+    /// the blob server.
+    pub fn start(config: Config) -> Result<Arc<Daemon>, DaemonError> {
+        for d in [
+            config.state_dir.join("layers"),
+            config.state_dir.join("sandboxes"),
+            config.runtime_dir.join("fuse"),
+            config.runtime_dir.join("layers"),
+            config.runtime_dir.join("sandboxes"),
+        ] {
+            std::fs::create_dir_all(&d).map_err(|e| io(&d, e))?;
+        }
+        cleanup_mounts(&config.runtime_dir);
+        let mut store = Store::open(&config.store)?;
+        let deadline = Duration::from_secs_f64(config.read_timeout_secs.max(0.1));
+        store.range_deadline = deadline;
+        let store = Arc::new(store);
+        let cache_dir = config.state_dir.join("cache");
+        let cache = ChunkCache::open(&cache_dir, config.cache_size)
+            .map_err(|e| DaemonError::Metadata(e.to_string()))?;
+        let metrics = Arc::new(Metrics::default());
+        let fetcher = Arc::new(Fetcher::new(
+            store.clone(),
+            cache,
+            metrics.clone(),
+            config.max_fetch_span,
+            deadline,
+        ));
+        let table = Arc::new(BlobTable::default());
+        let fs = BlobFs::new(
+            table.clone(),
+            fetcher.clone(),
+            metrics.clone(),
+            config.group,
+        );
+        let fuse_dir = config.runtime_dir.join("fuse");
+        let session = blobfs::mount(fs, &fuse_dir, config.fuse_threads, config.group)
+            .map_err(|e| io(&fuse_dir, e))?;
+        Ok(Arc::new(Daemon {
+            config,
+            store,
+            metrics,
+            fetcher,
+            table,
+            state: Mutex::new(State::default()),
+            layer_lock: Mutex::new(()),
+            fuse: Mutex::new(Some(session)),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Resolves an image reference to its manifest.
+    pub fn resolve(&self, image: &str) -> Result<(Digest, Manifest), DaemonError> {
+        let d = match Reference::parse(image).map_err(StoreError::from)? {
+            Reference::Digest(d) => d,
+            Reference::Tag(t) => {
+                self.store
+                    .tag_get(&t)?
+                    .ok_or_else(|| StoreError::NotFound(format!("tag {t}")))?
+                    .digest
+            }
+        };
+        Ok((d, self.store.get_manifest(&d)?))
+    }
+
+    /// Mounts a layer if needed and takes a reference; returns its mount point and stored bytes.
+    fn acquire_layer(&self, d: &Digest) -> Result<(PathBuf, u64), DaemonError> {
+        let desc = self.store.get_layer(d)?;
+        let bytes = desc.meta.size + desc.blobs.iter().map(|b| b.size).sum::<u64>();
+        if let Some(l) = self.lock().layers.get_mut(d) {
+            l.refs += 1;
+            return Ok((l.path.clone(), bytes));
+        }
+        let _g = self.layer_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(l) = self.lock().layers.get_mut(d) {
+            l.refs += 1;
+            return Ok((l.path.clone(), bytes));
+        }
+        // Metadata to local disk, verified (reused if already there and intact).
+        let meta_path = self
+            .config
+            .state_dir
+            .join("layers")
+            .join(format!("{}.erofs", d.hex()));
+        let intact = std::fs::read(&meta_path).is_ok_and(|b| desc.meta.digest.matches(&b));
+        if !intact {
+            let image = self.store.get_meta(&desc.meta.digest)?;
+            let tmp = meta_path.with_extension("tmp");
+            std::fs::write(&tmp, &image).map_err(|e| io(&tmp, e))?;
+            std::fs::rename(&tmp, &meta_path).map_err(|e| io(&meta_path, e))?;
+        }
+        let mut devices = Vec::new();
+        for b in &desc.blobs {
+            if !self.table.contains(&b.digest) {
+                self.table.add(BlobHandle::open(&self.store, b)?);
+            }
+            devices.push(
+                self.config
+                    .runtime_dir
+                    .join("fuse/blobs")
+                    .join(b.digest.hex()),
+            );
+        }
+        let target = self.config.runtime_dir.join("layers").join(d.hex());
+        std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
+        mount::mount_erofs(&meta_path, &devices, &target)?;
+        self.lock().layers.insert(
+            *d,
+            LayerMount {
+                refs: 1,
+                path: target.clone(),
+                blobs: desc.blobs.iter().map(|b| b.digest).collect(),
+            },
+        );
+        Ok((target, bytes))
+    }
+
+    /// Drops a reference to a layer; unmounts it when unused.
+    fn release_layer(&self, d: &Digest) {
+        let path = {
+            let mut st = self.lock();
+            let Some(l) = st.layers.get_mut(d) else {
+                return;
+            };
+            l.refs -= 1;
+            if l.refs > 0 {
+                return;
+            }
+            st.layers.remove(d).map(|l| l.path)
+        };
+        if let Some(p) = path {
+            if let Err(e) = mount::unmount(&p, true) {
+                tracing::warn!(error = %e, "releasing layer");
+            }
+            let _ = std::fs::remove_dir(&p);
+        }
+    }
+
+    /// Creates a sandbox of `image`: an overlay rootfs with its own upper directory.
+    pub fn create_sandbox(
+        &self,
+        image: &str,
+        id: &str,
+        dir: Option<&Path>,
+    ) -> Result<Sandbox, DaemonError> {
+        if !valid_id(id) {
+            return Err(DaemonError::Invalid(format!(
+                "sandbox id {id:?}: use 1 to 128 of [A-Za-z0-9._-], not starting with '.'"
+            )));
+        }
+        if self.lock().sandboxes.contains_key(id) {
+            return Err(DaemonError::SandboxExists(id.to_string()));
+        }
+        let (manifest, m) = self.resolve(image)?;
+        let mut lowers = Vec::new();
+        let mut acquired = Vec::new();
+        let mut image_bytes = 0;
+        for l in &m.layers {
+            match self.acquire_layer(&l.digest) {
+                Ok((p, b)) => {
+                    lowers.push(p);
+                    acquired.push(l.digest);
+                    image_bytes += b;
+                }
+                Err(e) => {
+                    for a in &acquired {
+                        self.release_layer(a);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let base = match dir {
+            Some(d) => d.to_path_buf(),
+            None => self.config.state_dir.join("sandboxes").join(id),
+        };
+        let (upper, work) = (base.join("upper"), base.join("work"));
+        let rootfs = self
+            .config
+            .runtime_dir
+            .join("sandboxes")
+            .join(id)
+            .join("rootfs");
+        let made = [&upper, &work, &rootfs]
+            .iter()
+            .try_for_each(|p| std::fs::create_dir_all(p).map_err(|e| io(p, e)));
+        lowers.reverse(); // overlay wants the top layer first
+        let mounted = made.and_then(|_| {
+            mount::mount_overlay(&lowers, &upper, &work, &rootfs).map_err(DaemonError::from)
+        });
+        if let Err(e) = mounted {
+            for a in &acquired {
+                self.release_layer(a);
+            }
+            return Err(e);
+        }
+        let sb = Sandbox {
+            id: id.to_string(),
+            image: image.to_string(),
+            manifest,
+            layers: acquired,
+            rootfs,
+            upper,
+            work,
+            created: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            image_bytes,
+        };
+        self.lock().sandboxes.insert(id.to_string(), sb.clone());
+        Ok(sb)
+    }
+
+    /// Removes a sandbox's rootfs (its upper directory stays on disk for `pack_diff`).
+    pub fn remove_sandbox(&self, id: &str) -> Result<Sandbox, DaemonError> {
+        let sb = self
+            .lock()
+            .sandboxes
+            .remove(id)
+            .ok_or_else(|| DaemonError::NoSandbox(id.to_string()))?;
+        if let Err(e) = mount::unmount(&sb.rootfs, true) {
+            tracing::warn!(error = %e, sandbox = id, "unmounting rootfs");
+        }
+        let _ = std::fs::remove_dir(&sb.rootfs);
+        if let Some(parent) = sb.rootfs.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
+        for l in &sb.layers {
+            self.release_layer(l);
+        }
+        Ok(sb)
+    }
+
+    /// Every sandbox.
+    pub fn sandboxes(&self) -> Vec<Sandbox> {
+        self.lock().sandboxes.values().cloned().collect()
+    }
+
+    /// One sandbox.
+    pub fn sandbox(&self, id: &str) -> Option<Sandbox> {
+        self.lock().sandboxes.get(id).cloned()
+    }
+
+    /// Bytes fetched for the blobs of these layers.
+    pub fn fetched_bytes(&self, layers: &[Digest]) -> u64 {
+        let st = self.lock();
+        let mut blobs: Vec<Digest> = layers
+            .iter()
+            .filter_map(|l| st.layers.get(l))
+            .flat_map(|l| l.blobs.iter().copied())
+            .collect();
+        blobs.sort();
+        blobs.dedup();
+        blobs.iter().map(|b| self.metrics.fetched_bytes(b)).sum()
+    }
+
+    /// A status document: layers, cache, sandboxes.
+    pub fn status(&self) -> serde_json::Value {
+        let cache = self.fetcher.cache();
+        let st = self.lock();
+        let layers: Vec<_> = st
+            .layers
+            .iter()
+            .map(|(d, l)| serde_json::json!({"digest": d.to_string(), "refs": l.refs, "path": l.path}))
+            .collect();
+        serde_json::json!({
+            "store": self.config.store,
+            "cache": {"used": cache.used(), "capacity": cache.capacity(), "chunks": cache.len()},
+            "layers": layers,
+            "sandboxes": st.sandboxes.len(),
+        })
+    }
+
+    /// Prometheus metrics.
+    pub fn render_metrics(&self) -> String {
+        let cache = self.fetcher.cache();
+        let st = self.lock();
+        let extra = format!(
+            "# HELP strata_cache_bytes Bytes in the chunk cache\n# TYPE strata_cache_bytes gauge\nstrata_cache_bytes {}\n\
+             # HELP strata_cache_capacity_bytes Chunk cache bound\n# TYPE strata_cache_capacity_bytes gauge\nstrata_cache_capacity_bytes {}\n\
+             # HELP strata_layers_mounted Layers mounted on this node\n# TYPE strata_layers_mounted gauge\nstrata_layers_mounted {}\n\
+             # HELP strata_sandboxes Sandboxes on this node\n# TYPE strata_sandboxes gauge\nstrata_sandboxes {}\n",
+            cache.used(),
+            cache.capacity(),
+            st.layers.len(),
+            st.sandboxes.len()
+        );
+        drop(st);
+        self.metrics.render(&extra)
+    }
+
+    /// Stops: detaches every sandbox rootfs and layer mount, then unmounts the blob server. Processes
+    /// still running in a sandbox keep what they have open; reads of data not yet cached fail with EIO.
+    pub fn shutdown(&self) {
+        let ids: Vec<String> = self.lock().sandboxes.keys().cloned().collect();
+        for id in ids {
+            let _ = self.remove_sandbox(&id);
+        }
+        let layers: Vec<(Digest, PathBuf)> = self
+            .lock()
+            .layers
+            .drain()
+            .map(|(d, l)| (d, l.path))
+            .collect();
+        for (_, p) in layers {
+            let _ = mount::unmount(&p, true);
+        }
+        if let Some(s) = self.fuse.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if let Err(e) = s.umount_and_join() {
+                tracing::warn!(error = %e, "unmounting blob server");
+                let _ = mount::unmount(&self.config.runtime_dir.join("fuse"), true);
+            }
+        }
+    }
+}
+
+/// Detaches every mount below `runtime` (left by a daemon that was killed), deepest first.
+pub fn cleanup_mounts(runtime: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let prefix = runtime.to_string_lossy().to_string();
+    let mut points: Vec<String> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| p.replace("\\040", " "))
+        .filter(|p| p.starts_with(&prefix))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        tracing::info!(mount = %p, "detaching stale mount");
+        let _ = mount::unmount(Path::new(&p), true);
+    }
+}

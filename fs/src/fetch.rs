@@ -1,0 +1,349 @@
+//! The fetcher: turns cache misses into verified chunks.
+//!
+//! On a miss for chunk *i* of a blob, the first reader becomes the *leader*: it claims chunk *i* and the
+//! missing chunks that follow it in the blob (their frames adjacent in the object, up to `max_span`
+//! compressed bytes), fetches all their frames with one range request under a deadline, decompresses,
+//! checks every chunk against its digest, and inserts the good ones into the cache. Other readers of a
+//! claimed chunk wait for the leader (single flight) — never longer than the deadline. Data that fails
+//! its digest is fetched once more, then reported as corrupt; it never reaches a reader or the cache.
+//! Claims are per chunk, so a blob whose store is failing never blocks reads of another blob.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use strata_registry::digest::Digest;
+use strata_registry::model::BlobRef;
+use strata_registry::store::{key, Store, StoreError};
+use strata_registry::toc::{decompress, verified_chunk, Toc};
+
+use crate::cache::{ChunkCache, Pinned};
+use crate::metrics::Metrics;
+
+/// Why a chunk could not be served.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FetchError {
+    #[error("blob {blob}: no data within {after:?}")]
+    Timeout { blob: Digest, after: Duration },
+    #[error("blob {blob}: store failed: {message}")]
+    Store { blob: Digest, message: String },
+    #[error("blob {blob}: chunk {chunk} failed verification twice")]
+    Corrupt { blob: Digest, chunk: Digest },
+    #[error("blob {blob}: {why}")]
+    Invalid { blob: Digest, why: String },
+    #[error("chunk cache: {0}")]
+    Cache(String),
+}
+
+impl FetchError {
+    /// A short kind for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FetchError::Timeout { .. } => "timeout",
+            FetchError::Store { .. } => "store",
+            FetchError::Corrupt { .. } => "corrupt",
+            FetchError::Invalid { .. } => "invalid",
+            FetchError::Cache(_) => "cache",
+        }
+    }
+}
+
+/// A blob the node serves: its descriptor entry and verified table of contents.
+pub struct BlobHandle {
+    pub blob: BlobRef,
+    pub toc: Toc,
+    key: String,
+}
+
+impl BlobHandle {
+    /// Fetches and verifies the blob's table of contents.
+    pub fn open(store: &Store, blob: &BlobRef) -> Result<BlobHandle, StoreError> {
+        Ok(BlobHandle {
+            toc: store.get_toc(blob)?,
+            blob: blob.clone(),
+            key: key::blob(&blob.digest),
+        })
+    }
+}
+
+/// Bytes of one chunk, ready to read.
+pub enum ChunkBytes {
+    Cached(Pinned),
+    /// Fetched but not (or no longer) in the cache, e.g. a cache smaller than a chunk.
+    Memory(Arc<Vec<u8>>),
+}
+
+impl ChunkBytes {
+    /// Copies `buf.len()` bytes at `offset` of the chunk into `buf`.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), FetchError> {
+        match self {
+            ChunkBytes::Cached(p) => p
+                .read_at(buf, offset)
+                .map_err(|e| FetchError::Cache(e.to_string())),
+            ChunkBytes::Memory(m) => {
+                let start = offset as usize;
+                let src = m
+                    .get(start..start + buf.len())
+                    .ok_or_else(|| FetchError::Cache("read past chunk end".into()))?;
+                buf.copy_from_slice(src);
+                Ok(())
+            }
+        }
+    }
+}
+
+type Outcome = Option<Result<(), FetchError>>;
+
+struct Flight {
+    done: Mutex<Outcome>,
+    cv: Condvar,
+}
+
+/// Fetches chunks into the cache; shared by every blob the node serves.
+pub struct Fetcher {
+    store: Arc<Store>,
+    cache: Arc<ChunkCache>,
+    inflight: Mutex<HashMap<Digest, Arc<Flight>>>,
+    /// Largest compressed span of one range request.
+    pub max_span: u64,
+    /// How long a read may wait for data.
+    pub deadline: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Fetcher {
+    /// A fetcher over `store` filling `cache`.
+    pub fn new(
+        store: Arc<Store>,
+        cache: Arc<ChunkCache>,
+        metrics: Arc<Metrics>,
+        max_span: u64,
+        deadline: Duration,
+    ) -> Fetcher {
+        Fetcher {
+            store,
+            cache,
+            inflight: Mutex::new(HashMap::new()),
+            max_span,
+            deadline,
+            metrics,
+        }
+    }
+
+    /// The cache this fetcher fills.
+    pub fn cache(&self) -> &Arc<ChunkCache> {
+        &self.cache
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Arc<Flight>>> {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Chunk `i` of `blob`, verified.
+    pub fn chunk(&self, blob: &BlobHandle, i: usize) -> Result<ChunkBytes, FetchError> {
+        let c = *blob.toc.chunks.get(i).ok_or_else(|| FetchError::Invalid {
+            blob: blob.blob.digest,
+            why: format!("chunk index {i} out of range"),
+        })?;
+        let start = Instant::now();
+        loop {
+            if let Some(p) = self.cache.get(&c.digest) {
+                self.metrics.cache_hit(&blob.blob.digest);
+                return Ok(ChunkBytes::Cached(p));
+            }
+            let waiting = self.lock().get(&c.digest).cloned();
+            match waiting {
+                Some(flight) => {
+                    let left = self.deadline.saturating_sub(start.elapsed());
+                    let guard = flight.done.lock().unwrap_or_else(|p| p.into_inner());
+                    let (guard, _) = flight
+                        .cv
+                        .wait_timeout_while(guard, left, |d| d.is_none())
+                        .unwrap_or_else(|p| p.into_inner());
+                    match guard.clone() {
+                        None => {
+                            return Err(FetchError::Timeout {
+                                blob: blob.blob.digest,
+                                after: self.deadline,
+                            })
+                        }
+                        Some(Err(e)) => return Err(e),
+                        Some(Ok(())) => {
+                            if start.elapsed() > self.deadline {
+                                return Err(FetchError::Timeout {
+                                    blob: blob.blob.digest,
+                                    after: self.deadline,
+                                });
+                            }
+                            continue;
+                        }
+                    }
+                }
+                None => {
+                    if let Some(r) = self.lead(blob, i) {
+                        self.metrics.cache_miss(&blob.blob.digest);
+                        return r;
+                    }
+                    // Someone claimed it between our look and our claim: wait for them.
+                }
+            }
+        }
+    }
+
+    /// Claims chunk `i` and its missing followers, fetches them, completes their flights. `None` if
+    /// another reader claimed chunk `i` first.
+    fn lead(&self, blob: &BlobHandle, i: usize) -> Option<Result<ChunkBytes, FetchError>> {
+        let toc = &blob.toc;
+        let (claimed, flights) = {
+            let mut inflight = self.lock();
+            if inflight.contains_key(&toc.chunks[i].digest) {
+                return None;
+            }
+            let first_frame = toc.chunks[i].frame as usize;
+            let base = toc.frames[first_frame].offset;
+            let mut claimed = Vec::new();
+            let mut last_frame = first_frame;
+            for (j, c) in toc.chunks.iter().enumerate().skip(i) {
+                let f = c.frame as usize;
+                let end = toc.frames[f].offset + toc.frames[f].compressed as u64;
+                if j > i
+                    && (f > last_frame + 1
+                        || end - base > self.max_span
+                        || inflight.contains_key(&c.digest)
+                        || self.cache.contains(&c.digest))
+                {
+                    // A group frame's later chunks come with the frame anyway.
+                    if f != last_frame {
+                        break;
+                    }
+                    continue;
+                }
+                last_frame = f;
+                claimed.push(j);
+            }
+            let flights: Vec<Arc<Flight>> = claimed
+                .iter()
+                .map(|&j| {
+                    let f = Arc::new(Flight {
+                        done: Mutex::new(None),
+                        cv: Condvar::new(),
+                    });
+                    inflight.insert(toc.chunks[j].digest, f.clone());
+                    f
+                })
+                .collect();
+            (claimed, flights)
+        };
+        let result = self.fetch_run(blob, &claimed);
+        // Complete every flight, successful or not, and release the claims.
+        {
+            let mut inflight = self.lock();
+            for (k, &j) in claimed.iter().enumerate() {
+                let c = &toc.chunks[j];
+                inflight.remove(&c.digest);
+                let outcome = match &result {
+                    Ok(bytes) => match &bytes[k] {
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(e.clone()),
+                    },
+                    Err(e) => Err(e.clone()),
+                };
+                let mut d = flights[k].done.lock().unwrap_or_else(|p| p.into_inner());
+                *d = Some(outcome);
+                flights[k].cv.notify_all();
+            }
+        }
+        // Chunk `i` is always the first claimed.
+        let mine = match result {
+            Ok(fetched) => fetched.into_iter().next(),
+            Err(e) => Some(Err(e)),
+        };
+        Some(match mine {
+            Some(Ok(bytes)) => Ok(match self.cache.get(&toc.chunks[i].digest) {
+                Some(p) => ChunkBytes::Cached(p),
+                None => ChunkBytes::Memory(bytes),
+            }),
+            Some(Err(e)) => Err(e),
+            None => Err(FetchError::Invalid {
+                blob: blob.blob.digest,
+                why: "nothing was fetched".into(),
+            }),
+        })
+    }
+
+    /// Fetches the frames of `claimed` chunks in one request (retrying once on a digest mismatch) and
+    /// caches the verified ones. Returns each chunk's bytes or error, in `claimed` order.
+    fn fetch_run(
+        &self,
+        blob: &BlobHandle,
+        claimed: &[usize],
+    ) -> Result<Vec<Result<Arc<Vec<u8>>, FetchError>>, FetchError> {
+        let toc = &blob.toc;
+        let (Some(&first), Some(&last)) = (claimed.first(), claimed.last()) else {
+            return Ok(Vec::new());
+        };
+        let f0 = toc.chunks[first].frame as usize;
+        let f1 = toc.chunks[last].frame as usize;
+        let start = toc.frames[f0].offset;
+        let end = toc.frames[f1].offset + toc.frames[f1].compressed as u64;
+        let mut out = Vec::new();
+        for attempt in 0..2 {
+            let t = Instant::now();
+            let bytes = self
+                .store
+                .get_range(&blob.key, start..end)
+                .map_err(|e| match e {
+                    StoreError::Timeout { after, .. } => FetchError::Timeout {
+                        blob: blob.blob.digest,
+                        after,
+                    },
+                    other => FetchError::Store {
+                        blob: blob.blob.digest,
+                        message: other.to_string(),
+                    },
+                })?;
+            self.metrics
+                .fetched(&blob.blob.digest, bytes.len() as u64, t.elapsed());
+            let mut frames: HashMap<usize, Result<Vec<u8>, String>> = HashMap::new();
+            out.clear();
+            let mut bad = false;
+            for &j in claimed {
+                let c = &toc.chunks[j];
+                let f = c.frame as usize;
+                let frame = frames.entry(f).or_insert_with(|| {
+                    let fr = &toc.frames[f];
+                    let lo = (fr.offset - start) as usize;
+                    let raw = bytes.get(lo..lo + fr.compressed as usize).unwrap_or(&[]);
+                    decompress(raw, fr.uncompressed as usize)
+                });
+                let chunk = match frame {
+                    Ok(fb) => verified_chunk(c, fb).map(|b| b.to_vec()).ok(),
+                    Err(_) => None,
+                };
+                match chunk {
+                    Some(b) => {
+                        self.cache
+                            .insert(&c.digest, &b)
+                            .map_err(|e| FetchError::Cache(e.to_string()))?;
+                        out.push(Ok(Arc::new(b)));
+                    }
+                    None => {
+                        bad = true;
+                        out.push(Err(FetchError::Corrupt {
+                            blob: blob.blob.digest,
+                            chunk: c.digest,
+                        }));
+                    }
+                }
+            }
+            if !bad {
+                break;
+            }
+            self.metrics.error("corrupt");
+            if attempt == 0 {
+                tracing::warn!(blob = %blob.blob.digest, "chunk failed verification; fetching again");
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,164 @@
+//! Kernel mounts through the new mount API.
+//!
+//! A layer is mounted as kernel EROFS *file-backed*: the metadata image is the `source` and every blob of
+//! its device table is passed as one `device=` option naming a regular file (on the daemon's FUSE mount in
+//! production). util-linux `mount -t erofs` would insert a loop device and cannot pass regular-file
+//! devices, and `mount(2)` options are limited to one page, so this uses `fsopen`/`fsconfig` (one call per
+//! device, no length limit), `fsmount` and `move_mount`.
+//!
+//! The kernel refuses a metadata file on a stacked or memory filesystem (tmpfs, overlayfs): keep it on a
+//! disk filesystem. Every device must be given, in device-table order: without them the kernel reads the
+//! chunks from the metadata file's own address space (zeros).
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::CWD;
+use rustix::mount::{
+    fsconfig_create, fsconfig_set_string, fsmount, fsopen, move_mount, FsMountFlags, FsOpenFlags,
+    MountAttrFlags, MoveMountFlags, UnmountFlags,
+};
+
+/// A mount or unmount that failed: which step, on which path, the errno, and what the kernel logged.
+#[derive(Debug, thiserror::Error)]
+#[error("{step} ({path}): {source}{}", log_suffix(.log))]
+pub struct MountError {
+    /// The failing step, e.g. `fsconfig device` or `move_mount`.
+    pub step: &'static str,
+    /// The path the step was about.
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+    /// Messages the kernel attached to the filesystem context (`e erofs: ...`), if any.
+    pub log: Vec<String>,
+}
+
+impl MountError {
+    /// The errno of the failure.
+    pub fn errno(&self) -> Option<i32> {
+        self.source.raw_os_error()
+    }
+}
+
+fn log_suffix(log: &[String]) -> String {
+    if log.is_empty() {
+        String::new()
+    } else {
+        format!(" [kernel: {}]", log.join("; "))
+    }
+}
+
+fn fail(
+    step: &'static str,
+    path: &Path,
+    errno: rustix::io::Errno,
+    fs_fd: Option<&OwnedFd>,
+) -> MountError {
+    MountError {
+        step,
+        path: path.to_path_buf(),
+        source: io::Error::from(errno),
+        log: fs_fd.map(drain_log).unwrap_or_default(),
+    }
+}
+
+/// Reads the messages queued on a filesystem context fd (each read returns one; ENODATA when empty).
+fn drain_log(fs_fd: &OwnedFd) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 1024];
+    while out.len() < 32 {
+        match rustix::io::read(fs_fd.as_fd(), &mut buf[..]) {
+            Ok(n) if n > 0 => out.push(String::from_utf8_lossy(&buf[..n]).trim_end().to_string()),
+            _ => break,
+        }
+    }
+    out
+}
+
+/// An absolute form of `p` (relative paths are resolved against the current directory, as the kernel
+/// would do at `fsconfig` time, but without depending on when that happens).
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// Mounts the EROFS image `meta` read-only at `target`, file-backed, with `devices` as its extra devices
+/// (in device-table order: the first is device id 1).
+pub fn mount_erofs(meta: &Path, devices: &[PathBuf], target: &Path) -> Result<(), MountError> {
+    let meta = absolute(meta);
+    let fs_fd = fsopen("erofs", FsOpenFlags::FSOPEN_CLOEXEC)
+        .map_err(|e| fail("fsopen erofs", &meta, e, None))?;
+    fsconfig_set_string(fs_fd.as_fd(), "source", &meta)
+        .map_err(|e| fail("fsconfig source", &meta, e, Some(&fs_fd)))?;
+    for dev in devices {
+        let dev = absolute(dev);
+        fsconfig_set_string(fs_fd.as_fd(), "device", &dev)
+            .map_err(|e| fail("fsconfig device", &dev, e, Some(&fs_fd)))?;
+    }
+    fsconfig_create(fs_fd.as_fd()).map_err(|e| fail("fsconfig create", &meta, e, Some(&fs_fd)))?;
+    let mnt = fsmount(
+        fs_fd.as_fd(),
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::MOUNT_ATTR_RDONLY,
+    )
+    .map_err(|e| fail("fsmount", &meta, e, Some(&fs_fd)))?;
+    move_mount(
+        mnt.as_fd(),
+        "",
+        CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| fail("move_mount", target, e, None))?;
+    Ok(())
+}
+
+/// Unmounts `target`; `lazy` detaches it now and lets the kernel finish when it is no longer busy.
+pub fn unmount(target: &Path, lazy: bool) -> Result<(), MountError> {
+    let flags = if lazy {
+        UnmountFlags::DETACH
+    } else {
+        UnmountFlags::empty()
+    };
+    rustix::mount::unmount(target, flags).map_err(|e| fail("umount", target, e, None))
+}
+
+/// Mounts an overlay at `target`: `lowers` top first, with `upper` and `work` (same filesystem). Each
+/// lower directory is its own `lowerdir+` option, so the number of layers is not limited by the size of
+/// one option string.
+pub fn mount_overlay(
+    lowers: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+) -> Result<(), MountError> {
+    let fs_fd = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)
+        .map_err(|e| fail("fsopen overlay", target, e, None))?;
+    for l in lowers {
+        let l = absolute(l);
+        fsconfig_set_string(fs_fd.as_fd(), "lowerdir+", &l)
+            .map_err(|e| fail("fsconfig lowerdir+", &l, e, Some(&fs_fd)))?;
+    }
+    let upper = absolute(upper);
+    let work = absolute(work);
+    fsconfig_set_string(fs_fd.as_fd(), "upperdir", &upper)
+        .map_err(|e| fail("fsconfig upperdir", &upper, e, Some(&fs_fd)))?;
+    fsconfig_set_string(fs_fd.as_fd(), "workdir", &work)
+        .map_err(|e| fail("fsconfig workdir", &work, e, Some(&fs_fd)))?;
+    fsconfig_create(fs_fd.as_fd()).map_err(|e| fail("fsconfig create", target, e, Some(&fs_fd)))?;
+    let mnt = fsmount(
+        fs_fd.as_fd(),
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::empty(),
+    )
+    .map_err(|e| fail("fsmount overlay", target, e, Some(&fs_fd)))?;
+    move_mount(
+        mnt.as_fd(),
+        "",
+        CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| fail("move_mount", target, e, None))?;
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! strata's data model and stores.
+//!
+//! The pure data model — [`digest`]s, a blob's table of contents and the chunk codec ([`toc`]), layer
+//! descriptors, image manifests and references ([`model`]) — does no I/O. [`store`] puts and gets those
+//! objects in a backend chosen by URL (`file://` or `s3://`), verifies every read against its digest, and
+//! moves tags only by compare-and-swap. [`blobread`] reads verified bytes out of a blob's uncompressed view.
+
+pub mod blobread;
+pub mod digest;
+pub mod model;
+pub mod store;
+pub mod toc;

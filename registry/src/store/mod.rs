@@ -1,0 +1,495 @@
+//! Stores: where layers, blobs, manifests and tags live.
+//!
+//! A store is one bucket or directory laid out as
+//!
+//! ```text
+//! blobs/<hex>            blob objects (zstd frames + table of contents + footer)
+//! meta/<hex>             EROFS metadata images
+//! layers/<hex>.json      layer descriptors
+//! manifests/<hex>.json   image manifests
+//! tags/<name>/<tag>      tags (S3); a local store keeps its tags in its RocksDB index (index/)
+//! tmp/                   a local store's spool for blobs being written
+//! ```
+//!
+//! `<hex>` is the BLAKE3 digest of the object's bytes. The backend comes from the URL: `file:///path` or
+//! `s3://bucket/prefix` (endpoint from `AWS_ENDPOINT_URL`, region and credentials from the usual `AWS_*`
+//! variables; path-style requests so that MinIO, Ceph RGW and other S3-compatible servers work).
+//!
+//! Rules every writer here follows: objects are content addressed, so writes are idempotent; a caller
+//! writes an object before anything that refers to it (blob → metadata → layer → manifest → tag), so a
+//! crash leaves unreferenced garbage, never a broken image; tags move only by compare-and-swap. Every read
+//! of a whole object is verified against its digest before it is returned.
+
+mod backend;
+mod index;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::digest::Digest;
+use crate::model::{JsonObject, LayerDescriptor, Manifest, ModelError, TagName};
+use crate::toc::{Footer, Toc, TocError, FOOTER_LEN};
+
+use backend::Backend;
+pub use backend::Version;
+use index::Index;
+
+/// The embedded default store.
+pub const DEFAULT_STORE: &str = "file:///var/lib/strata/store";
+
+/// Errors of a store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found in store: {0}")]
+    NotFound(String),
+    #[error("{url}: {key}: {message}")]
+    Backend {
+        url: String,
+        key: String,
+        message: String,
+    },
+    #[error("{url}: {key}: no answer within {after:?}")]
+    Timeout {
+        url: String,
+        key: String,
+        after: Duration,
+    },
+    #[error("precondition failed writing {0}")]
+    Precondition(String),
+    #[error("{key} is corrupt in the store: expected {expected}, found {actual}")]
+    Corrupt {
+        key: String,
+        expected: Digest,
+        actual: Digest,
+    },
+    #[error("{key} is corrupt in the store: {why}")]
+    Malformed { key: String, why: String },
+    #[error("tag {tag} was changed concurrently (expected {expected}, found {found}); nothing was changed")]
+    TagConflict {
+        tag: String,
+        expected: String,
+        found: String,
+    },
+    #[error("invalid store URL {url:?}: {why}")]
+    BadUrl { url: String, why: String },
+    #[error("store index {path}: {message}")]
+    Index { path: PathBuf, message: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Model(#[from] ModelError),
+}
+
+impl StoreError {
+    pub(crate) fn io(path: impl AsRef<Path>, source: std::io::Error) -> StoreError {
+        StoreError::Io {
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
+    }
+
+    /// True when the object simply does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, StoreError::NotFound(_))
+    }
+}
+
+/// Object keys.
+pub mod key {
+    use crate::digest::Digest;
+
+    pub fn blob(d: &Digest) -> String {
+        format!("blobs/{}", d.hex())
+    }
+    pub fn meta(d: &Digest) -> String {
+        format!("meta/{}", d.hex())
+    }
+    pub fn layer(d: &Digest) -> String {
+        format!("layers/{}.json", d.hex())
+    }
+    pub fn manifest(d: &Digest) -> String {
+        format!("manifests/{}.json", d.hex())
+    }
+}
+
+/// A tag's current value and version, for a later compare-and-swap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TagState {
+    pub digest: Digest,
+    version: Option<Version>,
+}
+
+/// An open store.
+pub struct Store {
+    backend: Backend,
+    /// Root directory of a local store.
+    local: Option<PathBuf>,
+    /// Deadline of a range read.
+    pub range_deadline: Duration,
+}
+
+impl Store {
+    /// Opens the store at `url` (`file:///path` or `s3://bucket/prefix`).
+    pub fn open(url: &str) -> Result<Store, StoreError> {
+        let bad = |why: &str| StoreError::BadUrl {
+            url: url.to_string(),
+            why: why.to_string(),
+        };
+        let (backend, local) = if let Some(path) = url.strip_prefix("file://") {
+            if !path.starts_with('/') {
+                return Err(bad(
+                    "a file:// URL needs an absolute path (file:///var/lib/strata/store)",
+                ));
+            }
+            let root = PathBuf::from(path);
+            (Backend::local(&root)?, Some(root))
+        } else if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(bad("missing bucket name (s3://bucket/prefix)"));
+            }
+            let endpoint = std::env::var("AWS_ENDPOINT_URL")
+                .or_else(|_| std::env::var("AWS_ENDPOINT"))
+                .ok();
+            (
+                Backend::s3(bucket, prefix.trim_matches('/'), endpoint.as_deref())?,
+                None,
+            )
+        } else if url.starts_with('/') {
+            return Store::open(&format!("file://{url}"));
+        } else {
+            return Err(bad("expected file:///path or s3://bucket/prefix"));
+        };
+        Ok(Store {
+            backend,
+            local,
+            range_deadline: Duration::from_secs(30),
+        })
+    }
+
+    /// The URL the store was opened with.
+    pub fn url(&self) -> &str {
+        self.backend.url()
+    }
+
+    /// A directory for spooling blobs before upload: inside a local store (so that finishing is a
+    /// rename), else the system temporary directory.
+    pub fn spool_dir(&self) -> Result<PathBuf, StoreError> {
+        let dir = match &self.local {
+            Some(root) => root.join("tmp"),
+            None => std::env::temp_dir(),
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
+        Ok(dir)
+    }
+
+    /// True if an object exists.
+    pub fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self.backend.head(key)?.is_some())
+    }
+
+    /// Stores content-addressed bytes under `key` unless already there.
+    pub fn put_bytes(&self, key: &str, data: Vec<u8>) -> Result<(), StoreError> {
+        if self.exists(key)? {
+            return Ok(());
+        }
+        self.backend.put(key, Bytes::from(data))
+    }
+
+    /// Reads a whole object and checks it against `digest`.
+    pub fn get_verified(&self, key: &str, digest: &Digest) -> Result<Bytes, StoreError> {
+        let b = self.backend.get(key)?;
+        let actual = Digest::of(&b);
+        if actual != *digest {
+            return Err(StoreError::Corrupt {
+                key: key.to_string(),
+                expected: *digest,
+                actual,
+            });
+        }
+        Ok(b)
+    }
+
+    /// Reads `range` of an object, within [`Self::range_deadline`]. The caller verifies the content.
+    pub fn get_range(&self, key: &str, range: std::ops::Range<u64>) -> Result<Bytes, StoreError> {
+        self.backend.get_range(key, range, self.range_deadline)
+    }
+
+    /// Stores a blob from a spool file named by its digest; the file is consumed.
+    pub fn put_blob_file(&self, digest: &Digest, file: &Path) -> Result<(), StoreError> {
+        let key = key::blob(digest);
+        if self.exists(&key)? {
+            let _ = std::fs::remove_file(file);
+            return Ok(());
+        }
+        match &self.local {
+            Some(root) => {
+                let dest = root.join(&key);
+                if let Some(parent) = dest.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
+                }
+                std::fs::rename(file, &dest).map_err(|e| StoreError::io(&dest, e))
+            }
+            None => {
+                self.backend.put_file(&key, file)?;
+                let _ = std::fs::remove_file(file);
+                Ok(())
+            }
+        }
+    }
+
+    /// Stores the EROFS metadata of a layer, zstd-compressed; returns the digest of the uncompressed
+    /// image (its name) and the number of bytes stored.
+    pub fn put_meta(&self, meta: &[u8]) -> Result<(Digest, u64), StoreError> {
+        let d = Digest::of(meta);
+        let z = crate::toc::compress(meta, 3);
+        let stored = z.len() as u64;
+        self.put_bytes(&key::meta(&d), z)?;
+        Ok((d, stored))
+    }
+
+    /// Reads layer metadata: decompresses it and checks the image against its digest.
+    pub fn get_meta(&self, d: &Digest) -> Result<Vec<u8>, StoreError> {
+        let key = key::meta(d);
+        let z = self.backend.get(&key)?;
+        let image = zstd::stream::decode_all(&z[..]).map_err(|e| StoreError::Malformed {
+            key: key.clone(),
+            why: format!("not a zstd stream: {e}"),
+        })?;
+        let actual = Digest::of(&image);
+        if actual != *d {
+            return Err(StoreError::Corrupt {
+                key,
+                expected: *d,
+                actual,
+            });
+        }
+        Ok(image)
+    }
+
+    /// Stores a JSON object under the key `key_of` gives for its digest.
+    fn put_json<T: JsonObject>(
+        &self,
+        v: &T,
+        key_of: fn(&Digest) -> String,
+    ) -> Result<Digest, StoreError> {
+        let b = v.to_bytes();
+        let d = Digest::of(&b);
+        self.put_bytes(&key_of(&d), b)?;
+        Ok(d)
+    }
+
+    fn get_json<T: JsonObject>(
+        &self,
+        d: &Digest,
+        key_of: fn(&Digest) -> String,
+    ) -> Result<T, StoreError> {
+        let b = self.get_verified(&key_of(d), d)?;
+        Ok(T::from_bytes(&b)?)
+    }
+
+    /// Stores a layer descriptor (after its metadata and blobs); returns its digest.
+    pub fn put_layer(&self, l: &LayerDescriptor) -> Result<Digest, StoreError> {
+        self.put_json(l, key::layer)
+    }
+
+    /// Reads a layer descriptor.
+    pub fn get_layer(&self, d: &Digest) -> Result<LayerDescriptor, StoreError> {
+        self.get_json(d, key::layer)
+    }
+
+    /// Stores a manifest (after its layers); returns its digest.
+    pub fn put_manifest(&self, m: &Manifest) -> Result<Digest, StoreError> {
+        for l in &m.layers {
+            if !self.exists(&key::layer(&l.digest))? {
+                return Err(StoreError::NotFound(key::layer(&l.digest)));
+            }
+        }
+        self.put_json(m, key::manifest)
+    }
+
+    /// Reads a manifest.
+    pub fn get_manifest(&self, d: &Digest) -> Result<Manifest, StoreError> {
+        self.get_json(d, key::manifest)
+    }
+
+    /// True if `d` names a manifest in this store.
+    pub fn has_manifest(&self, d: &Digest) -> Result<bool, StoreError> {
+        self.exists(&key::manifest(d))
+    }
+
+    /// Reads and verifies a blob's table of contents, as its descriptor entry locates it.
+    pub fn get_toc(&self, b: &crate::model::BlobRef) -> Result<Toc, StoreError> {
+        let key = key::blob(&b.digest);
+        let bytes = self.get_range(&key, b.toc_offset..b.toc_offset + b.toc_len)?;
+        let actual = Digest::of(&bytes);
+        if actual != b.toc_digest {
+            return Err(StoreError::Corrupt {
+                key: format!("{key} (table of contents)"),
+                expected: b.toc_digest,
+                actual,
+            });
+        }
+        Toc::decode(&bytes).map_err(|e| malformed(&key, e))
+    }
+
+    /// Reads a blob's footer (for tools that have only the blob).
+    pub fn get_footer(&self, blob: &Digest) -> Result<Footer, StoreError> {
+        let key = key::blob(blob);
+        let size = self
+            .backend
+            .head(&key)?
+            .ok_or_else(|| StoreError::NotFound(key.clone()))?;
+        if size < FOOTER_LEN as u64 {
+            return Err(StoreError::Malformed {
+                key,
+                why: "shorter than its footer".into(),
+            });
+        }
+        let b = self.get_range(&key, size - FOOTER_LEN as u64..size)?;
+        Footer::decode(&b, size).map_err(|e| malformed(&key, e))
+    }
+
+    /// Keys under a prefix.
+    pub fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        self.backend.list(prefix)
+    }
+
+    /// The current value of a tag.
+    pub fn tag_get(&self, t: &TagName) -> Result<Option<TagState>, StoreError> {
+        let parse = |b: &[u8], what: &str| -> Result<Digest, StoreError> {
+            std::str::from_utf8(b)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .ok_or_else(|| StoreError::Malformed {
+                    key: what.to_string(),
+                    why: "not a digest".into(),
+                })
+        };
+        match &self.local {
+            Some(root) => match Index::new(root).get(&t.to_string())? {
+                Some(v) => Ok(Some(TagState {
+                    digest: parse(&v, &t.to_string())?,
+                    version: None,
+                })),
+                None => Ok(None),
+            },
+            None => {
+                let key = tag_key(t);
+                match self.backend.get_versioned(&key) {
+                    Ok((b, v)) => Ok(Some(TagState {
+                        digest: parse(&b, &key)?,
+                        version: Some(v),
+                    })),
+                    Err(e) if e.is_not_found() => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// Points tag `t` at `new` if it still is as `prev` saw it (`None`: the tag did not exist). A tag
+    /// changed by someone else meanwhile is a [`StoreError::TagConflict`] and nothing is written.
+    pub fn tag_set(
+        &self,
+        t: &TagName,
+        prev: Option<&TagState>,
+        new: &Digest,
+    ) -> Result<(), StoreError> {
+        if !self.has_manifest(new)? {
+            return Err(StoreError::NotFound(key::manifest(new)));
+        }
+        let value = format!("{new}\n");
+        let conflict = |found: String| StoreError::TagConflict {
+            tag: t.to_string(),
+            expected: prev.map_or("absent".to_string(), |p| p.digest.to_string()),
+            found,
+        };
+        match &self.local {
+            Some(root) => {
+                let expected = prev.map(|p| format!("{}\n", p.digest));
+                match Index::new(root).compare_and_swap(
+                    &t.to_string(),
+                    expected.as_deref().map(str::as_bytes),
+                    value.as_bytes(),
+                )? {
+                    Ok(()) => Ok(()),
+                    Err(found) => Err(conflict(found.map_or("absent".into(), |f| {
+                        String::from_utf8_lossy(&f).trim().to_string()
+                    }))),
+                }
+            }
+            None => {
+                let key = tag_key(t);
+                match self.backend.put_cas(
+                    &key,
+                    Bytes::from(value),
+                    prev.and_then(|p| p.version.as_ref()),
+                ) {
+                    Err(StoreError::Precondition(_)) => {
+                        let found = self
+                            .tag_get(t)?
+                            .map_or("absent".to_string(), |s| s.digest.to_string());
+                        Err(conflict(found))
+                    }
+                    other => other,
+                }
+            }
+        }
+    }
+
+    /// Every tag and the manifest it names, sorted.
+    pub fn tags(&self) -> Result<Vec<(TagName, Digest)>, StoreError> {
+        let mut out = Vec::new();
+        match &self.local {
+            Some(root) => {
+                for (name, v) in Index::new(root).list()? {
+                    let (Ok(t), Some(d)) = (
+                        TagName::parse(&name),
+                        std::str::from_utf8(&v)
+                            .ok()
+                            .and_then(|s| s.trim().parse().ok()),
+                    ) else {
+                        continue;
+                    };
+                    out.push((t, d));
+                }
+            }
+            None => {
+                for key in self.backend.list("tags")? {
+                    let Some(rest) = key.strip_prefix("tags/") else {
+                        continue;
+                    };
+                    let Some((name, tag)) = rest.rsplit_once('/') else {
+                        continue;
+                    };
+                    let Ok(t) = TagName::parse(&format!("{name}:{tag}")) else {
+                        continue;
+                    };
+                    if let Some(s) = self.tag_get(&t)? {
+                        out.push((t, s.digest));
+                    }
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+fn tag_key(t: &TagName) -> String {
+    format!("tags/{}/{}", t.name, t.tag)
+}
+
+fn malformed(key: &str, e: TocError) -> StoreError {
+    StoreError::Malformed {
+        key: key.to_string(),
+        why: e.to_string(),
+    }
+}

@@ -1,0 +1,385 @@
+//! A blob's table of contents and the chunk codec.
+//!
+//! A blob object is a run of zstd frames, then its table of contents (TOC), then a 64-byte footer:
+//!
+//! ```text
+//! [frame 0][frame 1]...[frame n-1][TOC][footer]
+//! ```
+//!
+//! Each frame holds one chunk, or a small group of consecutive tiny chunks (file tails, small files), so
+//! that tiny files compress together. The TOC maps every chunk to its place in the blob's *uncompressed
+//! view* — the address space the kernel reads through the EROFS device table, where each chunk starts on a
+//! 4 KiB block — and to the frame holding it and its digest. A reader needs the TOC (one range read,
+//! verified against the digest the layer descriptor records) and then one range read per frame run; every
+//! chunk is checked against its BLAKE3 digest before use.
+//!
+//! TOC encoding (little endian): magic `STRATOC1`, `version u32 = 1`, `frames u32`, `chunks u32`,
+//! `reserved u32`, `view_blocks u64`; then `frames` records of `offset u64, compressed u32, uncompressed
+//! u32`; then `chunks` records sorted by block of `block u32, len u32, frame u32, frame_offset u32,
+//! digest [32]`. Footer: magic `STRATBLB`, `version u32`, `reserved u32`, `toc_offset u64`, `toc_len u64`,
+//! `toc digest [32]`.
+
+use crate::digest::Digest;
+
+/// EROFS block size: chunk positions in the uncompressed view are multiples of it.
+pub const BLOCK_SIZE: u64 = 4096;
+/// Size of the blob footer.
+pub const FOOTER_LEN: usize = 64;
+
+const TOC_MAGIC: &[u8; 8] = b"STRATOC1";
+const FOOTER_MAGIC: &[u8; 8] = b"STRATBLB";
+const TOC_HEADER: usize = 32;
+const FRAME_REC: usize = 16;
+const CHUNK_REC: usize = 48;
+
+/// One zstd frame in the blob object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// Byte offset of the frame in the blob object.
+    pub offset: u64,
+    /// Compressed length.
+    pub compressed: u32,
+    /// Decompressed length.
+    pub uncompressed: u32,
+}
+
+/// One chunk in the blob's uncompressed view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkEntry {
+    /// First 4 KiB block of the chunk in the uncompressed view.
+    pub block: u32,
+    /// Uncompressed length in bytes.
+    pub len: u32,
+    /// Index of the frame holding it.
+    pub frame: u32,
+    /// Offset of the chunk in the decompressed frame.
+    pub frame_offset: u32,
+    /// BLAKE3 of the uncompressed bytes.
+    pub digest: Digest,
+}
+
+impl ChunkEntry {
+    /// Number of view blocks the chunk occupies.
+    pub fn blocks(&self) -> u64 {
+        (self.len as u64).div_ceil(BLOCK_SIZE)
+    }
+}
+
+/// Why a TOC or footer could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum TocError {
+    #[error("blob table of contents is malformed: {0}")]
+    Malformed(&'static str),
+    #[error("blob footer is malformed: {0}")]
+    Footer(&'static str),
+    #[error("chunk {digest} failed verification: {why}")]
+    BadChunk { digest: Digest, why: String },
+}
+
+/// A blob's table of contents.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Toc {
+    pub frames: Vec<Frame>,
+    /// Sorted by `block`, non-overlapping.
+    pub chunks: Vec<ChunkEntry>,
+    /// Size of the uncompressed view in blocks.
+    pub view_blocks: u64,
+}
+
+/// Where the TOC sits, as the footer (and the layer descriptor) records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Footer {
+    pub toc_offset: u64,
+    pub toc_len: u64,
+    pub toc_digest: Digest,
+}
+
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[off..off + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl Toc {
+    /// Size of the uncompressed view in bytes.
+    pub fn view_size(&self) -> u64 {
+        self.view_blocks * BLOCK_SIZE
+    }
+
+    /// The chunk covering view block `block`, if any.
+    pub fn chunk_at(&self, block: u64) -> Option<usize> {
+        let i = self.chunks.partition_point(|c| (c.block as u64) <= block);
+        let i = i.checked_sub(1)?;
+        let c = &self.chunks[i];
+        (block < c.block as u64 + c.blocks()).then_some(i)
+    }
+
+    /// Encodes the TOC.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(
+            TOC_HEADER + self.frames.len() * FRAME_REC + self.chunks.len() * CHUNK_REC,
+        );
+        out.extend_from_slice(TOC_MAGIC);
+        out.extend_from_slice(&1u32.to_le_bytes());
+        out.extend_from_slice(&(self.frames.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(self.chunks.len() as u32).to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&self.view_blocks.to_le_bytes());
+        for f in &self.frames {
+            out.extend_from_slice(&f.offset.to_le_bytes());
+            out.extend_from_slice(&f.compressed.to_le_bytes());
+            out.extend_from_slice(&f.uncompressed.to_le_bytes());
+        }
+        for c in &self.chunks {
+            out.extend_from_slice(&c.block.to_le_bytes());
+            out.extend_from_slice(&c.len.to_le_bytes());
+            out.extend_from_slice(&c.frame.to_le_bytes());
+            out.extend_from_slice(&c.frame_offset.to_le_bytes());
+            out.extend_from_slice(&c.digest.0);
+        }
+        out
+    }
+
+    /// Decodes and checks a TOC: records in bounds, chunks sorted, inside their frames and the view.
+    pub fn decode(b: &[u8]) -> Result<Toc, TocError> {
+        use TocError::Malformed as M;
+        if b.len() < TOC_HEADER || &b[..8] != TOC_MAGIC {
+            return Err(M("bad magic"));
+        }
+        if u32_at(b, 8) != 1 {
+            return Err(M("unknown version"));
+        }
+        let nframes = u32_at(b, 12) as usize;
+        let nchunks = u32_at(b, 16) as usize;
+        let view_blocks = u64_at(b, 24);
+        let want = nframes
+            .checked_mul(FRAME_REC)
+            .and_then(|f| nchunks.checked_mul(CHUNK_REC).map(|c| (f, c)))
+            .and_then(|(f, c)| f.checked_add(c))
+            .and_then(|n| n.checked_add(TOC_HEADER))
+            .ok_or(M("record counts overflow"))?;
+        if b.len() != want {
+            return Err(M("length does not match record counts"));
+        }
+        let mut frames = Vec::with_capacity(nframes);
+        for i in 0..nframes {
+            let o = TOC_HEADER + i * FRAME_REC;
+            frames.push(Frame {
+                offset: u64_at(b, o),
+                compressed: u32_at(b, o + 8),
+                uncompressed: u32_at(b, o + 12),
+            });
+        }
+        let base = TOC_HEADER + nframes * FRAME_REC;
+        let mut chunks = Vec::with_capacity(nchunks);
+        let mut next_free = 0u64;
+        for i in 0..nchunks {
+            let o = base + i * CHUNK_REC;
+            let mut d = [0u8; 32];
+            d.copy_from_slice(&b[o + 16..o + 48]);
+            let c = ChunkEntry {
+                block: u32_at(b, o),
+                len: u32_at(b, o + 4),
+                frame: u32_at(b, o + 8),
+                frame_offset: u32_at(b, o + 12),
+                digest: Digest(d),
+            };
+            let frame = frames
+                .get(c.frame as usize)
+                .ok_or(M("chunk names a missing frame"))?;
+            if c.frame_offset as u64 + c.len as u64 > frame.uncompressed as u64 {
+                return Err(M("chunk extends past its frame"));
+            }
+            if (c.block as u64) < next_free {
+                return Err(M("chunks unsorted or overlapping"));
+            }
+            next_free = c.block as u64 + c.blocks().max(1);
+            if next_free > view_blocks {
+                return Err(M("chunk beyond the view"));
+            }
+            chunks.push(c);
+        }
+        Ok(Toc {
+            frames,
+            chunks,
+            view_blocks,
+        })
+    }
+}
+
+impl Footer {
+    /// Encodes the footer.
+    pub fn encode(&self) -> [u8; FOOTER_LEN] {
+        let mut out = [0u8; FOOTER_LEN];
+        out[..8].copy_from_slice(FOOTER_MAGIC);
+        out[8..12].copy_from_slice(&1u32.to_le_bytes());
+        out[16..24].copy_from_slice(&self.toc_offset.to_le_bytes());
+        out[24..32].copy_from_slice(&self.toc_len.to_le_bytes());
+        out[32..64].copy_from_slice(&self.toc_digest.0);
+        out
+    }
+
+    /// Decodes a footer (the last [`FOOTER_LEN`] bytes of a blob object of `blob_len` bytes).
+    pub fn decode(b: &[u8], blob_len: u64) -> Result<Footer, TocError> {
+        use TocError::Footer as F;
+        if b.len() != FOOTER_LEN || &b[..8] != FOOTER_MAGIC {
+            return Err(F("bad magic"));
+        }
+        if u32_at(b, 8) != 1 {
+            return Err(F("unknown version"));
+        }
+        let mut d = [0u8; 32];
+        d.copy_from_slice(&b[32..64]);
+        let f = Footer {
+            toc_offset: u64_at(b, 16),
+            toc_len: u64_at(b, 24),
+            toc_digest: Digest(d),
+        };
+        let end = f.toc_offset.checked_add(f.toc_len).ok_or(F("overflow"))?;
+        if end.checked_add(FOOTER_LEN as u64) != Some(blob_len) {
+            return Err(F("table of contents does not end at the footer"));
+        }
+        Ok(f)
+    }
+}
+
+/// Compresses one frame's bytes with zstd at `level`.
+pub fn compress(data: &[u8], level: i32) -> Vec<u8> {
+    // Compressing from memory into memory cannot fail short of allocation failure.
+    zstd::bulk::compress(data, level).unwrap_or_else(|_| Vec::new())
+}
+
+/// Decompresses a frame that must hold exactly `len` bytes.
+pub fn decompress(frame: &[u8], len: usize) -> Result<Vec<u8>, String> {
+    let out = zstd::bulk::decompress(frame, len).map_err(|e| e.to_string())?;
+    if out.len() != len {
+        return Err(format!(
+            "frame decompressed to {} bytes, expected {len}",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// Takes chunk `c` out of its decompressed frame and checks its digest.
+pub fn verified_chunk<'a>(c: &ChunkEntry, frame: &'a [u8]) -> Result<&'a [u8], TocError> {
+    let start = c.frame_offset as usize;
+    let bytes = frame
+        .get(start..start + c.len as usize)
+        .ok_or_else(|| TocError::BadChunk {
+            digest: c.digest,
+            why: "outside its frame".into(),
+        })?;
+    if !c.digest.matches(bytes) {
+        return Err(TocError::BadChunk {
+            digest: c.digest,
+            why: "digest mismatch".into(),
+        });
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Toc {
+        Toc {
+            frames: vec![
+                Frame {
+                    offset: 0,
+                    compressed: 10,
+                    uncompressed: 8192,
+                },
+                Frame {
+                    offset: 10,
+                    compressed: 5,
+                    uncompressed: 100,
+                },
+            ],
+            chunks: vec![
+                ChunkEntry {
+                    block: 0,
+                    len: 8192,
+                    frame: 0,
+                    frame_offset: 0,
+                    digest: Digest::of(b"a"),
+                },
+                ChunkEntry {
+                    block: 2,
+                    len: 60,
+                    frame: 1,
+                    frame_offset: 0,
+                    digest: Digest::of(b"b"),
+                },
+                ChunkEntry {
+                    block: 3,
+                    len: 40,
+                    frame: 1,
+                    frame_offset: 60,
+                    digest: Digest::of(b"c"),
+                },
+            ],
+            view_blocks: 4,
+        }
+    }
+
+    #[test]
+    fn round_trip_and_lookup() {
+        let t = sample();
+        let back = Toc::decode(&t.encode()).unwrap();
+        assert_eq!(back, t);
+        assert_eq!(t.chunk_at(0), Some(0));
+        assert_eq!(t.chunk_at(1), Some(0));
+        assert_eq!(t.chunk_at(2), Some(1));
+        assert_eq!(t.chunk_at(3), Some(2));
+        assert_eq!(t.chunk_at(4), None);
+    }
+
+    #[test]
+    fn rejects_damage() {
+        let enc = sample().encode();
+        for cut in [0, 5, enc.len() - 1] {
+            assert!(Toc::decode(&enc[..cut]).is_err());
+        }
+        let mut bad = enc.clone();
+        bad[TOC_HEADER + 2 * FRAME_REC + CHUNK_REC] = 9; // second chunk's block beyond view
+        assert!(Toc::decode(&bad).is_err());
+    }
+
+    #[test]
+    fn footer_round_trip() {
+        let f = Footer {
+            toc_offset: 100,
+            toc_len: 50,
+            toc_digest: Digest::of(b"t"),
+        };
+        assert_eq!(Footer::decode(&f.encode(), 214).unwrap(), f);
+        assert!(Footer::decode(&f.encode(), 215).is_err());
+    }
+
+    #[test]
+    fn codec_verifies() {
+        let data = vec![7u8; 5000];
+        let z = compress(&data, 3);
+        let back = decompress(&z, data.len()).unwrap();
+        let c = ChunkEntry {
+            block: 0,
+            len: 5000,
+            frame: 0,
+            frame_offset: 0,
+            digest: Digest::of(&data),
+        };
+        assert!(verified_chunk(&c, &back).is_ok());
+        let mut wrong = back.clone();
+        wrong[3] = 0;
+        assert!(verified_chunk(&c, &wrong).is_err());
+        assert!(decompress(&z, 4999).is_err());
+    }
+}

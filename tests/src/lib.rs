@@ -1,0 +1,657 @@
+//! Support for strata's integration tests: a real S3 server on loopback (moto), the CLI under test, a
+//! generator of trees holding every kind of entry and metadata, and an entry-by-entry snapshot of a tree
+//! for comparing a source with what the kernel (or `strata ls`/`cat`) shows.
+
+pub mod proxy;
+
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsStr};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Path of the `strata` CLI built for these tests.
+pub fn strata_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_strata-under-test"))
+}
+
+/// A scratch directory on a disk filesystem (the kernel refuses EROFS metadata on tmpfs or overlayfs).
+pub fn scratch(label: &str) -> tempfile::TempDir {
+    let base = Path::new("/var/tmp/strata-tests");
+    let _ = std::fs::create_dir_all(base);
+    tempfile::Builder::new()
+        .prefix(&format!("{label}-"))
+        .tempdir_in(base)
+        .expect("scratch dir under /var/tmp")
+}
+
+/// True when running as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// True when the kernel has EROFS.
+pub fn kernel_has_erofs() -> bool {
+    std::fs::read_to_string("/proc/filesystems")
+        .map(|s| s.lines().any(|l| l.trim_end().ends_with("erofs")))
+        .unwrap_or(false)
+}
+
+/// A store the CLI can be pointed at: its URL and the environment it needs.
+#[derive(Clone, Debug)]
+pub struct StoreEnv {
+    pub url: String,
+    pub env: Vec<(String, String)>,
+}
+
+impl StoreEnv {
+    /// A local store in `dir`.
+    pub fn local(dir: &Path) -> StoreEnv {
+        StoreEnv {
+            url: format!("file://{}", dir.display()),
+            env: Vec::new(),
+        }
+    }
+
+    /// Runs `strata ARGS` against this store.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.run_with_stdin(args, None)
+    }
+
+    /// Runs `strata ARGS` with bytes on standard input.
+    pub fn run_with_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let mut c = Command::new(strata_bin());
+        c.arg("--store").arg(&self.url).args(args);
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c.stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().expect("spawn strata");
+        if let Some(data) = stdin {
+            let mut si = child.stdin.take().expect("stdin");
+            let data = data.to_vec();
+            std::thread::spawn(move || {
+                let _ = si.write_all(&data);
+            });
+        }
+        child.wait_with_output().expect("wait for strata")
+    }
+
+    /// Runs `strata ARGS`, panics unless it succeeds, returns trimmed standard output.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "strata {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Opens the store in-process (for library-level checks).
+    pub fn open(&self) -> strata_registry::store::Store {
+        for (k, v) in &self.env {
+            std::env::set_var(k, v);
+        }
+        strata_registry::store::Store::open(&self.url).expect("open store")
+    }
+}
+
+/// moto's S3 server on a free loopback port, with one bucket; stopped when dropped.
+pub struct S3Server {
+    child: Child,
+    pub port: u16,
+}
+
+impl S3Server {
+    /// Starts the server and creates `bucket`. Returns `None` (with a printed reason) when moto is not
+    /// installed; `scripts/setup` installs it.
+    pub fn start(bucket: &str) -> Option<S3Server> {
+        let ok = Command::new("python3")
+            .args(["-c", "import moto.server, flask"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !ok {
+            eprintln!("SKIP S3: moto[server] is not installed (scripts/setup installs it)");
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto");
+        let server = S3Server { child, port };
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "moto did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server.http("PUT", &format!("/{bucket}"));
+        Some(server)
+    }
+
+    fn http(&self, method: &str, path: &str) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect moto");
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        )
+        .expect("request");
+        let mut resp = String::new();
+        let _ = s.read_to_string(&mut resp);
+        resp
+    }
+
+    /// A store in `bucket` under `prefix`.
+    pub fn store(&self, bucket: &str, prefix: &str) -> StoreEnv {
+        StoreEnv {
+            url: format!("s3://{bucket}/{prefix}"),
+            env: vec![
+                (
+                    "AWS_ENDPOINT_URL".into(),
+                    format!("http://127.0.0.1:{}", self.port),
+                ),
+                ("AWS_ACCESS_KEY_ID".into(), "test".into()),
+                ("AWS_SECRET_ACCESS_KEY".into(), "test".into()),
+                ("AWS_REGION".into(), "us-east-1".into()),
+                ("AWS_ALLOW_HTTP".into(), "true".into()),
+            ],
+        }
+    }
+
+    /// Overwrites an object (for corruption tests), through boto3.
+    pub fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
+        let tmp = scratch("s3put");
+        let f = tmp.path().join("data");
+        std::fs::write(&f, data).expect("write");
+        let script = format!(
+            "import boto3\nc=boto3.client('s3',endpoint_url='http://127.0.0.1:{}',aws_access_key_id='t',aws_secret_access_key='t',region_name='us-east-1')\nc.upload_file({:?},{:?},{:?})\n",
+            self.port,
+            f.display().to_string(),
+            bucket,
+            key
+        );
+        let out = Command::new("python3")
+            .args(["-c", &script])
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("no NUL in path")
+}
+
+/// Sets a file's mtime (seconds, nanoseconds) without following symlinks.
+pub fn set_mtime(p: &Path, sec: i64, nsec: i64) {
+    let ts = [
+        libc::timespec {
+            tv_sec: sec,
+            tv_nsec: nsec,
+        },
+        libc::timespec {
+            tv_sec: sec,
+            tv_nsec: nsec,
+        },
+    ];
+    let c = cpath(p);
+    // SAFETY: valid NUL-terminated path and a two-element timespec array.
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            ts.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    assert_eq!(r, 0, "utimensat {}", p.display());
+}
+
+/// lchown.
+pub fn lchown(p: &Path, uid: u32, gid: u32) {
+    let c = cpath(p);
+    // SAFETY: valid NUL-terminated path.
+    let r = unsafe { libc::lchown(c.as_ptr(), uid, gid) };
+    assert_eq!(r, 0, "lchown {}", p.display());
+}
+
+/// mknod.
+pub fn mknod(p: &Path, mode: u32, major: u32, minor: u32) {
+    let c = cpath(p);
+    // SAFETY: valid NUL-terminated path.
+    let r = unsafe { libc::mknod(c.as_ptr(), mode, libc::makedev(major, minor)) };
+    assert_eq!(
+        r,
+        0,
+        "mknod {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Fills `root` with every kind of entry and metadata a layer must keep. Needs root for devices,
+/// ownership and trusted.* xattrs; without root those parts are left out.
+pub fn generate_tree(root: &Path) {
+    let root_user = is_root();
+    let w = |rel: &str, data: &[u8]| {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&p, data).expect("write");
+        p
+    };
+    // Regular files: empty, tiny (inline), small (grouped), multi-chunk with a short tail, dedup copies.
+    w("empty", b"");
+    w("etc/hostname", b"sandbox\n");
+    w("etc/small.conf", &vec![b'x'; 3000]);
+    let big: Vec<u8> = (0..(2 * 1048576 + 12345))
+        .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    w("usr/lib/big.bin", &big);
+    w("usr/lib/big-copy.bin", &big);
+    for i in 0..40 {
+        w(
+            &format!("usr/share/doc/file{i:02}.txt"),
+            format!("document {i}\n").repeat(50 + i * 37).as_bytes(),
+        );
+    }
+    // Sparse file: 3 MiB hole, 5 bytes, 2 MiB hole.
+    let sp = root.join("var/sparse.img");
+    std::fs::create_dir_all(sp.parent().expect("parent")).expect("mkdir");
+    {
+        let f = std::fs::File::create(&sp).expect("sparse");
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(b"hello", 3 << 20).expect("write");
+        f.set_len(5 << 20).expect("set_len");
+    }
+    // Permission bits.
+    let bin = w("usr/bin/tool", b"#!/bin/sh\necho tool\n");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o4755)).expect("chmod");
+    let sg = w("usr/bin/sgid", b"sgid");
+    std::fs::set_permissions(&sg, std::fs::Permissions::from_mode(0o2711)).expect("chmod");
+    let tmp = root.join("tmp");
+    std::fs::create_dir_all(&tmp).expect("mkdir");
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    // Symlinks, hard links.
+    std::os::unix::fs::symlink("../lib/big.bin", root.join("usr/bin/link-rel")).expect("symlink");
+    std::os::unix::fs::symlink("/etc/hostname", root.join("etc/link-abs")).expect("symlink");
+    std::fs::hard_link(root.join("etc/hostname"), root.join("etc/hostname.hard")).expect("link");
+    std::fs::hard_link(root.join("usr/lib/big.bin"), root.join("usr/big.hard")).expect("link");
+    // Fifo, socket.
+    let fifo = cpath(&root.join("var/fifo"));
+    // SAFETY: valid path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
+    let sock = root.join("var/sock");
+    drop(std::os::unix::net::UnixListener::bind(&sock).expect("socket"));
+    // Odd names: 255 bytes, non-UTF-8.
+    let long = "n".repeat(255);
+    w(&format!("names/{long}"), b"long name");
+    let odd = root
+        .join("names")
+        .join(OsStr::from_bytes(b"bin\xff\xfe name"));
+    std::fs::write(&odd, b"odd").expect("odd name");
+    // Deep tree.
+    let mut deep = root.join("deep");
+    for i in 0..60 {
+        deep = deep.join(format!("d{i}"));
+    }
+    std::fs::create_dir_all(&deep).expect("deep");
+    std::fs::write(deep.join("leaf"), b"leaf").expect("leaf");
+    // A large directory.
+    let many = root.join("many");
+    std::fs::create_dir_all(&many).expect("mkdir");
+    for i in 0..3000 {
+        std::fs::write(many.join(format!("entry-{i:05}")), b"").expect("many");
+    }
+    // xattrs.
+    xattr::set(root.join("etc/hostname"), "user.origin", b"generated").expect("user xattr");
+    xattr::set(root.join("etc"), "user.dir", b"d").expect("dir xattr");
+    if root_user {
+        xattr::set(root.join("usr/bin/tool"), "trusted.note", b"t").expect("trusted xattr");
+        // cap_net_bind_service=+ep, VFS_CAP_REVISION_2.
+        let cap: [u8; 20] = [0, 0, 0, 2, 0, 4, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        xattr::set(root.join("usr/bin/sgid"), "security.capability", &cap).expect("capability");
+        mknod(&root.join("dev-null"), libc::S_IFCHR | 0o666, 1, 3);
+        mknod(&root.join("dev-blk"), libc::S_IFBLK | 0o660, 259, 70000);
+        lchown(&root.join("etc/hostname"), 1000, 1000);
+        lchown(&root.join("usr/lib/big.bin"), 100000, 70000);
+        lchown(&root.join("etc/link-abs"), 5, 6);
+    }
+    // Times with nanoseconds, set last, children before parents.
+    let mut all: Vec<PathBuf> = walkdir::WalkDir::new(root)
+        .into_iter()
+        .filter_map(|e| e.ok())
+        .map(|e| e.into_path())
+        .collect();
+    all.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for (i, p) in all.iter().enumerate() {
+        set_mtime(
+            p,
+            1_600_000_000 + i as i64,
+            (i as i64 * 7919) % 1_000_000_000,
+        );
+    }
+}
+
+/// What a comparison looks at, for one entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryInfo {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: (i64, i64),
+    pub size: u64,
+    pub content: Option<String>,
+    pub target: Option<Vec<u8>>,
+    pub rdev: u64,
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// First path (in sorted order) sharing this inode, for hard-link groups.
+    pub link_group: Option<Vec<u8>>,
+}
+
+/// An entry-by-entry snapshot of a tree, keyed by relative path ("" is the root).
+pub fn snapshot(root: &Path) -> BTreeMap<Vec<u8>, EntryInfo> {
+    let mut out = BTreeMap::new();
+    let mut inodes: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let mut entries: Vec<walkdir::DirEntry> = walkdir::WalkDir::new(root)
+        .sort_by_file_name()
+        .into_iter()
+        .map(|e| e.expect("walk"))
+        .collect();
+    entries.sort_by(|a, b| a.path().cmp(b.path()));
+    for e in entries {
+        let p = e.path();
+        let rel = p
+            .strip_prefix(root)
+            .expect("prefix")
+            .as_os_str()
+            .as_bytes()
+            .to_vec();
+        let m = std::fs::symlink_metadata(p).expect("lstat");
+        let ft = m.file_type();
+        let content = ft.is_file().then(|| {
+            let data = std::fs::read(p).expect("read");
+            blake3::hash(&data).to_hex().to_string()
+        });
+        let target = ft.is_symlink().then(|| {
+            std::fs::read_link(p)
+                .expect("readlink")
+                .as_os_str()
+                .as_bytes()
+                .to_vec()
+        });
+        let mut xattrs: Vec<(Vec<u8>, Vec<u8>)> = xattr::list(p)
+            .map(|names| {
+                names
+                    .filter_map(|n| {
+                        let v = xattr::get(p, &n).ok().flatten()?;
+                        Some((n.as_bytes().to_vec(), v))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        xattrs.sort();
+        let link_group = (!ft.is_dir() && m.nlink() > 1)
+            .then(|| inodes.entry(m.ino()).or_insert_with(|| rel.clone()).clone());
+        out.insert(
+            rel,
+            EntryInfo {
+                mode: m.mode(),
+                uid: m.uid(),
+                gid: m.gid(),
+                mtime: (m.mtime(), m.mtime_nsec()),
+                size: if ft.is_dir() { 0 } else { m.size() },
+                content,
+                target,
+                rdev: if ft.is_char_device() || ft.is_block_device() {
+                    m.rdev()
+                } else {
+                    0
+                },
+                xattrs,
+                link_group,
+            },
+        );
+    }
+    out
+}
+
+use std::os::unix::fs::FileTypeExt;
+
+/// Compares two snapshots; returns a readable list of differences (empty when equal).
+pub fn diff(a: &BTreeMap<Vec<u8>, EntryInfo>, b: &BTreeMap<Vec<u8>, EntryInfo>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, va) in a {
+        let name = String::from_utf8_lossy(k);
+        match b.get(k) {
+            None => out.push(format!("missing: {name}")),
+            Some(vb) if va != vb => {
+                out.push(format!("differs: {name}\n  source {va:?}\n  result {vb:?}"))
+            }
+            _ => {}
+        }
+    }
+    for k in b.keys() {
+        if !a.contains_key(k) {
+            out.push(format!("extra: {}", String::from_utf8_lossy(k)));
+        }
+    }
+    out
+}
+
+/// Runs `fsck.erofs` on a materialized layer (`DIR/meta.erofs`, `DIR/devices/N`).
+pub fn fsck_erofs(dir: &Path) -> Output {
+    let mut c = Command::new("fsck.erofs");
+    for d in &materialized_devices(dir) {
+        c.arg(format!("--device={}", d.display()));
+    }
+    c.arg(dir.join("meta.erofs"));
+    c.output()
+        .expect("run fsck.erofs (apt-get install erofs-utils)")
+}
+
+/// The device files of a materialized layer, in device order.
+pub fn materialized_devices(dir: &Path) -> Vec<PathBuf> {
+    let mut devs: Vec<PathBuf> = std::fs::read_dir(dir.join("devices"))
+        .map(|r| r.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    devs.sort_by_key(|p| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    devs
+}
+
+/// Path of the `stratad` daemon built for these tests.
+pub fn stratad_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_stratad-under-test"))
+}
+
+/// A `stratad` started for a test, with its own state and runtime directories; stopped (SIGTERM) when
+/// dropped, then checked to have left no mount behind.
+pub struct Daemon {
+    child: Option<Child>,
+    pub state: tempfile::TempDir,
+    pub runtime: PathBuf,
+    pub socket: PathBuf,
+    pub store: StoreEnv,
+}
+
+impl Daemon {
+    /// Starts stratad on `store` with extra flags; waits for its socket.
+    pub fn start(store: &StoreEnv, extra: &[&str]) -> Daemon {
+        let state = scratch("state");
+        let runtime = state.path().join("run");
+        let mut c = Command::new(stratad_bin());
+        c.arg("--config")
+            .arg("/nonexistent")
+            .arg("--store")
+            .arg(&store.url)
+            .arg("--state-dir")
+            .arg(state.path())
+            .arg("--runtime-dir")
+            .arg(&runtime)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in &store.env {
+            c.env(k, v);
+        }
+        let child = c.spawn().expect("start stratad");
+        let socket = runtime.join("stratad.sock");
+        let start = Instant::now();
+        while !socket.exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "stratad did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Daemon {
+            child: Some(child),
+            state,
+            runtime,
+            socket,
+            store: store.clone(),
+        }
+    }
+
+    /// Runs `strata ARGS` against this daemon and store.
+    pub fn strata(&self, args: &[&str]) -> Output {
+        let mut full = vec!["--socket", self.socket.to_str().expect("utf8")];
+        full.extend_from_slice(args);
+        self.store.run(&full)
+    }
+
+    /// Like [`Self::strata`], panicking on failure; returns standard output.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.strata(args);
+        assert!(
+            out.status.success(),
+            "strata {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Mount points below the runtime directory.
+    pub fn mounts(&self) -> Vec<String> {
+        let prefix = self.runtime.to_string_lossy().to_string();
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+            .filter(|p| p.starts_with(&prefix))
+            .collect()
+    }
+
+    /// Stops with SIGTERM and waits; returns the mounts left behind (should be none).
+    pub fn stop(&mut self) -> Vec<String> {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: sending a signal to our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let start = Instant::now();
+            loop {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                if start.elapsed() > Duration::from_secs(30) {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.mounts()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let left = self.stop();
+        for m in left.iter().rev() {
+            let c = cpath(Path::new(m));
+            // SAFETY: valid path; MNT_DETACH.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+/// A busybox root filesystem (from Debian's busybox-static) in `root`.
+pub fn busybox_rootfs(root: &Path) {
+    for d in ["bin", "etc", "tmp", "proc", "sys", "dev", "root", "data"] {
+        std::fs::create_dir_all(root.join(d)).expect("mkdir");
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox"))
+        .expect("busybox-static (apt-get install busybox-static)");
+    for app in [
+        "sh", "ls", "cat", "echo", "md5sum", "dd", "head", "wc", "rm", "mkdir", "sleep", "stat",
+        "find", "true",
+    ] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(app)).expect("symlink");
+    }
+    std::fs::write(root.join("etc/os-release"), "ID=strata-test\n").expect("write");
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").expect("write");
+}
+
+/// Runs a command inside `rootfs` with bubblewrap; returns its output.
+pub fn bwrap(rootfs: &Path, cmd: &[&str]) -> Output {
+    Command::new("bwrap")
+        .arg("--bind")
+        .arg(rootfs)
+        .arg("/")
+        .args([
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--unshare-pid",
+            "--die-with-parent",
+            "--",
+        ])
+        .args(cmd)
+        .output()
+        .expect("bwrap (apt-get install bubblewrap)")
+}

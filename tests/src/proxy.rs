@@ -1,0 +1,127 @@
+//! A TCP proxy on loopback between strata and a store server, for fault injection and slow-link
+//! simulation: it can be taken down (refusing and cutting connections) and brought back, and it can add
+//! a delay per direction change and cap the bandwidth.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A running proxy.
+pub struct Proxy {
+    pub port: u16,
+    down: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    /// Extra latency added once per request (each client→server burst), in microseconds.
+    pub delay_us: Arc<AtomicU64>,
+    /// Bytes per second server→client (0: unlimited).
+    pub rate: Arc<AtomicU64>,
+}
+
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    delay: Option<Arc<AtomicU64>>,
+    rate: Option<Arc<AtomicU64>>,
+) {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if let Some(d) = &delay {
+            let us = d.load(Ordering::Relaxed);
+            if us > 0 {
+                std::thread::sleep(Duration::from_micros(us));
+            }
+        }
+        if let Some(r) = &rate {
+            let bps = r.load(Ordering::Relaxed);
+            if bps > 0 {
+                std::thread::sleep(Duration::from_secs_f64(n as f64 / bps as f64));
+            }
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+impl Proxy {
+    /// Proxies a new loopback port to `127.0.0.1:target`.
+    pub fn start(target: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let p = Proxy {
+            port,
+            down: Arc::new(AtomicBool::new(false)),
+            stop: Arc::new(AtomicBool::new(false)),
+            conns: Arc::new(Mutex::new(Vec::new())),
+            delay_us: Arc::new(AtomicU64::new(0)),
+            rate: Arc::new(AtomicU64::new(0)),
+        };
+        let (down, stop, conns, delay, rate) = (
+            p.down.clone(),
+            p.stop.clone(),
+            p.conns.clone(),
+            p.delay_us.clone(),
+            p.rate.clone(),
+        );
+        std::thread::spawn(move || {
+            for c in listener.incoming() {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(client) = c else { continue };
+                if down.load(Ordering::Relaxed) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                if let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) {
+                    if let Ok(mut v) = conns.lock() {
+                        v.push(c2);
+                        v.push(s2);
+                    }
+                }
+                let (c1, s1) = match (client.try_clone(), server.try_clone()) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    _ => continue,
+                };
+                let d = delay.clone();
+                let r = rate.clone();
+                std::thread::spawn(move || pump(c1, server, Some(d), None));
+                std::thread::spawn(move || pump(s1, client, None, Some(r)));
+            }
+        });
+        p
+    }
+
+    /// Takes the store "down": cuts every open connection and refuses new ones.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::Relaxed);
+        if down {
+            if let Ok(mut v) = self.conns.lock() {
+                for c in v.drain(..) {
+                    let _ = c.shutdown(Shutdown::Both);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.set_down(true);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}

@@ -1,0 +1,300 @@
+//! The node daemon for real: kernel EROFS layers over the FUSE blob server, overlays per sandbox,
+//! bubblewrap and runc running commands in them, a local store and a real S3 server (moto) behind a
+//! proxy that can be taken down, corrupted blobs, a cache smaller than the working set, clean stops.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use strata_tests::proxy::Proxy;
+use strata_tests::*;
+
+fn can_mount() -> bool {
+    let ok = is_root() && kernel_has_erofs() && Path::new("/dev/fuse").exists();
+    if !ok {
+        eprintln!("SKIP: needs root, kernel EROFS and /dev/fuse");
+    }
+    ok
+}
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("bad JSON {s:?}: {e}"))
+}
+
+fn random_bytes(n: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2654435761) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+fn build_image(store: &StoreEnv, tag: &str, files: &[(&str, Vec<u8>)]) {
+    let src = scratch("img");
+    busybox_rootfs(src.path());
+    for (name, data) in files {
+        std::fs::write(src.path().join("data").join(name), data).expect("write");
+    }
+    store.ok(&["build", src.path().to_str().expect("utf8"), "-t", tag]);
+}
+
+#[test]
+fn sandboxes_share_layers_and_run_bwrap_and_runc() {
+    if !can_mount() {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    build_image(&store, "bb:v1", &[("blob.bin", random_bytes(3 << 20, 1))]);
+    let mut d = Daemon::start(&store, &["--cache-size", "1G"]);
+    let r1 = d.ok(&["mount", "bb:v1", "--sandbox", "sb1"]);
+    let r2 = d.ok(&["mount", "bb:v1", "--sandbox", "sb2"]);
+    let o = bwrap(Path::new(&r1), &["/bin/cat", "/etc/os-release"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "ID=strata-test\n",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = bwrap(Path::new(&r1), &["/bin/md5sum", "/data/blob.bin"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Writes land in the sandbox's upper directory only.
+    let o = bwrap(
+        Path::new(&r1),
+        &[
+            "/bin/sh",
+            "-c",
+            "echo mine > /root/new && rm /etc/os-release",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ps = json(&d.ok(&["ps", "--json"]));
+    let sb1 = &ps["sandboxes"].as_array().expect("sandboxes")[0];
+    let upper = Path::new(sb1["upper"].as_str().expect("upper"));
+    assert_eq!(
+        std::fs::read_to_string(upper.join("root/new")).expect("upper file"),
+        "mine\n"
+    );
+    assert!(
+        !Path::new(&r2).join("root/new").exists(),
+        "write leaked into another sandbox"
+    );
+    assert!(Path::new(&r2).join("etc/os-release").exists());
+    // One layer mount shared by both.
+    let layers = ps["status"]["layers"].as_array().expect("layers");
+    assert_eq!(layers.len(), 1);
+    assert_eq!(layers[0]["refs"].as_u64(), Some(2));
+    assert!(ps["status"]["cache"]["used"].as_u64().expect("used") > 0);
+    assert!(sb1["fetched_bytes"].as_u64().expect("fetched") > 0);
+
+    // runc from a bundle.
+    let bdir = scratch("bundle");
+    d.ok(&[
+        "bundle",
+        "bb:v1",
+        "--sandbox",
+        "sb3",
+        bdir.path().to_str().expect("utf8"),
+    ]);
+    let cfg_path = bdir.path().join("config.json");
+    let mut cfg = json(&std::fs::read_to_string(&cfg_path).expect("config.json"));
+    cfg["process"]["args"] = serde_json::json!(["/bin/cat", "/etc/os-release"]);
+    std::fs::write(&cfg_path, cfg.to_string()).expect("write");
+    let o = std::process::Command::new("runc")
+        .args([
+            "run",
+            "--bundle",
+            bdir.path().to_str().expect("utf8"),
+            "strata-test-sb3",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("runc (apt-get install runc)");
+    assert!(
+        o.status.success(),
+        "runc: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ID=strata-test\n");
+
+    for sb in ["sb1", "sb2", "sb3"] {
+        d.ok(&["umount", "--sandbox", sb]);
+    }
+    let ps = json(&d.ok(&["ps", "--json"]));
+    assert_eq!(ps["status"]["layers"].as_array().map(|l| l.len()), Some(0));
+    let o = d.strata(&["umount", "--sandbox", "sb1"]);
+    assert!(!o.status.success());
+    let o = d.strata(&["mount", "nope:v1", "--sandbox", "x"]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("nope"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // A stop with a sandbox mounted leaves no mounts.
+    d.ok(&["mount", "bb:v1", "--sandbox", "sb4"]);
+    assert_eq!(
+        d.stop(),
+        Vec::<String>::new(),
+        "mounts left behind after SIGTERM"
+    );
+}
+
+#[test]
+fn merged_rootfs_equals_source_entry_by_entry() {
+    if !can_mount() {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let src = scratch("src");
+    generate_tree(src.path());
+    store.ok(&["build", src.path().to_str().expect("utf8"), "-t", "tree:v1"]);
+    let d = Daemon::start(&store, &[]);
+    let rootfs = d.ok(&["mount", "tree:v1", "--sandbox", "t1"]);
+    let mut want = snapshot(src.path());
+    let mut got = snapshot(Path::new(&rootfs));
+    // The overlay's root takes its attributes from the sandbox's upper directory.
+    want.remove(&Vec::new());
+    got.remove(&Vec::new());
+    let d2 = diff(&want, &got);
+    assert!(d2.is_empty(), "merged rootfs differs:\n{}", d2.join("\n"));
+}
+
+#[test]
+fn s3_lazy_reads_survive_a_store_outage_within_the_deadline() {
+    if !can_mount() {
+        return;
+    }
+    let Some(s3) = S3Server::start("lazy") else {
+        return;
+    };
+    let proxy = Proxy::start(s3.port);
+    let mut store = s3.store("lazy", "p");
+    store.env[0].1 = format!("http://127.0.0.1:{}", proxy.port);
+    let a = random_bytes(2 << 20, 7);
+    let b = random_bytes(2 << 20, 8);
+    build_image(
+        &store,
+        "lazy:v1",
+        &[
+            ("a.bin", a.clone()),
+            ("b.bin", b.clone()),
+            ("big.bin", random_bytes(16 << 20, 9)),
+        ],
+    );
+    let d = Daemon::start(&store, &["--read-timeout", "2", "--max-fetch-span", "1M"]);
+    let rootfs = d.ok(&["mount", "lazy:v1", "--sandbox", "l1"]);
+    let root = Path::new(&rootfs);
+    assert_eq!(std::fs::read(root.join("data/a.bin")).expect("read a"), a);
+    // Lazy: far less than the image was fetched.
+    let ps = json(&d.ok(&["ps", "--json"]));
+    let s = &ps["sandboxes"][0];
+    let (fetched, size) = (
+        s["fetched_bytes"].as_u64().expect("f"),
+        s["image_bytes"].as_u64().expect("s"),
+    );
+    assert!(fetched < size / 3, "fetched {fetched} of {size}");
+
+    // Store down: an uncached read fails with EIO within the deadline; cached data still reads.
+    proxy.set_down(true);
+    let t = Instant::now();
+    let err = std::fs::read(root.join("data/b.bin")).expect_err("read with the store down");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "EIO took {:?}",
+        t.elapsed()
+    );
+    // SAFETY: drop the page cache so the cached read goes through the daemon's chunk cache.
+    std::fs::write("/proc/sys/vm/drop_caches", "3").ok();
+    assert_eq!(
+        std::fs::read(root.join("data/a.bin")).expect("cached read with store down"),
+        a
+    );
+    // Store back: reads work again.
+    proxy.set_down(false);
+    assert_eq!(
+        std::fs::read(root.join("data/b.bin")).expect("read after outage"),
+        b
+    );
+    let m = d.strata(&["ps"]);
+    assert!(m.status.success());
+}
+
+#[test]
+fn corrupted_blob_gives_eio_never_wrong_bytes() {
+    if !can_mount() {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    build_image(&store, "bad:v1", &[("x.bin", random_bytes(3 << 20, 3))]);
+    let blobs: Vec<_> = std::fs::read_dir(sdir.path().join("blobs"))
+        .expect("blobs")
+        .map(|e| e.expect("e").path())
+        .collect();
+    // Corrupt the first half of every blob (busybox's chunks, then the data file's first chunk), not its
+    // table of contents at the end.
+    for p in &blobs {
+        let mut bytes = std::fs::read(p).expect("read");
+        let n = bytes.len() / 2;
+        for i in (0..n).step_by(4096) {
+            bytes[i] ^= 0xa5;
+        }
+        std::fs::write(p, bytes).expect("write");
+    }
+    let d = Daemon::start(&store, &["--read-timeout", "5"]);
+    let rootfs = d.ok(&["mount", "bad:v1", "--sandbox", "c1"]);
+    let r = std::fs::read(Path::new(&rootfs).join("data/x.bin"));
+    let err = r.expect_err("corrupt data was served");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    let metrics = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "--unix-socket",
+            d.socket.to_str().expect("utf8"),
+            "http://stratad/metrics",
+        ])
+        .output();
+    if let Ok(m) = metrics {
+        let text = String::from_utf8_lossy(&m.stdout);
+        if !text.is_empty() {
+            assert!(
+                text.contains("strata_errors_total{kind=\"corrupt\"}"),
+                "{text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn cache_bound_holds_under_a_larger_working_set() {
+    if !can_mount() {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let files: Vec<(String, Vec<u8>)> = (0..12)
+        .map(|i| (format!("f{i}"), random_bytes(1 << 20, 100 + i)))
+        .collect();
+    let refs: Vec<(&str, Vec<u8>)> = files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+    build_image(&store, "cache:v1", &refs);
+    let d = Daemon::start(&store, &["--cache-size", "4M", "--max-fetch-span", "1M"]);
+    let rootfs = d.ok(&["mount", "cache:v1", "--sandbox", "k1"]);
+    for round in 0..2 {
+        for (n, b) in &files {
+            assert_eq!(
+                &std::fs::read(Path::new(&rootfs).join("data").join(n)).expect("read"),
+                b,
+                "round {round}"
+            );
+            let ps = json(&d.ok(&["ps", "--json"]));
+            let used = ps["status"]["cache"]["used"].as_u64().expect("used");
+            assert!(used <= 4 << 20, "cache holds {used} bytes, bound 4 MiB");
+        }
+        std::fs::write("/proc/sys/vm/drop_caches", "3").ok();
+    }
+}

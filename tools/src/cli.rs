@@ -1,0 +1,121 @@
+//! Command-line definitions and dispatch.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use strata_registry::store::{Store, DEFAULT_STORE};
+
+use crate::{images, layers, node, view};
+
+/// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
+#[derive(Parser)]
+#[command(name = "strata", version, about)]
+pub struct Cli {
+    /// Store URL: file:///path or s3://bucket/prefix (endpoint and credentials from AWS_* variables).
+    #[arg(long, global = true, env = "STRATA_STORE", default_value = DEFAULT_STORE)]
+    pub store: String,
+    /// stratad's control socket.
+    #[arg(long, global = true, env = "STRATA_SOCKET", default_value = node::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Build a layer from a directory or tar stream; prints its digest.
+    Build(layers::BuildArgs),
+    /// Make an image from layers, bottom to top as listed (no data is copied).
+    Compose(images::ComposeArgs),
+    /// Point NAME:TAG at an image (compare-and-swap).
+    Tag(images::TagArgs),
+    /// List tagged images.
+    Images {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show an image's manifest and layers, or a layer's descriptor.
+    Inspect {
+        /// Image tag, manifest digest or layer digest.
+        reference: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a directory of an image's merged view (or one entry).
+    Ls {
+        reference: String,
+        #[arg(default_value = "/")]
+        path: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a file of an image's merged view, fetching only the chunks it needs.
+    Cat { reference: String, path: String },
+    /// Mount an image for a sandbox through stratad; prints the rootfs path.
+    Mount {
+        image: String,
+        #[arg(long)]
+        sandbox: String,
+        /// Directory for the sandbox's upper and work directories (default: in stratad's state).
+        #[arg(long)]
+        upper: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a sandbox's rootfs (its upper directory stays).
+    Umount {
+        #[arg(long)]
+        sandbox: String,
+    },
+    /// Sandboxes, layers mounted, bytes fetched against image size, cache use.
+    Ps {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Mount a sandbox and write an OCI runtime bundle (DIR/config.json) that `runc run` starts.
+    Bundle {
+        image: String,
+        #[arg(long)]
+        sandbox: String,
+        dir: PathBuf,
+    },
+    /// Write a layer's metadata and uncompressed blob views so the kernel or fsck.erofs can read it.
+    Materialize {
+        /// Layer digest, or an image with exactly one layer.
+        layer: String,
+        dir: PathBuf,
+    },
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    let store = Store::open(&cli.store).with_context(|| format!("opening store {}", cli.store))?;
+    match cli.cmd {
+        Cmd::Build(a) => layers::build(&store, a),
+        Cmd::Compose(a) => images::compose(&store, a),
+        Cmd::Tag(a) => images::tag(&store, a),
+        Cmd::Images { json } => images::list(&store, json),
+        Cmd::Inspect { reference, json } => images::inspect(&store, &reference, json),
+        Cmd::Ls {
+            reference,
+            path,
+            json,
+        } => view::ls(&store, &reference, &path, json),
+        Cmd::Cat { reference, path } => view::cat(&store, &reference, &path),
+        Cmd::Materialize { layer, dir } => layers::materialize(&store, &layer, &dir),
+        Cmd::Mount {
+            image,
+            sandbox,
+            upper,
+            json,
+        } => node::mount(&cli.socket, &image, &sandbox, upper.as_deref(), json),
+        Cmd::Umount { sandbox } => node::umount(&cli.socket, &sandbox),
+        Cmd::Ps { json } => node::ps(&cli.socket, json),
+        Cmd::Bundle {
+            image,
+            sandbox,
+            dir,
+        } => node::bundle(&store, &cli.socket, &image, &sandbox, &dir),
+    }
+}

@@ -1,0 +1,61 @@
+//! Exit codes: the one place that maps errors to process exit status.
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | success |
+//! | 1 | any other failure |
+//! | 2 | bad usage (unknown flag, invalid reference or option) |
+//! | 3 | not found (image, tag, layer, path in an image, source) |
+//! | 4 | conflict (a tag changed concurrently) |
+//! | 5 | corrupt or malformed data (digest mismatch, bad metadata, bad tar) |
+//! | 6 | store unreachable or failing |
+
+use strata_builder::BuildError;
+use strata_registry::model::ModelError;
+use strata_registry::store::StoreError;
+
+/// A not-found condition outside the store (a path inside an image, say).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotFound(pub String);
+
+/// A usage error found after argument parsing.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
+
+fn store_code(e: &StoreError) -> i32 {
+    match e {
+        StoreError::NotFound(_) => 3,
+        StoreError::TagConflict { .. } => 4,
+        StoreError::Corrupt { .. } | StoreError::Malformed { .. } | StoreError::Model(_) => 5,
+        StoreError::Backend { .. } | StoreError::Timeout { .. } => 6,
+        StoreError::BadUrl { .. } => 2,
+        _ => 1,
+    }
+}
+
+/// The exit status for an error.
+pub fn code(e: &anyhow::Error) -> i32 {
+    for cause in e.chain() {
+        if let Some(s) = cause.downcast_ref::<StoreError>() {
+            return store_code(s);
+        }
+        if let Some(b) = cause.downcast_ref::<BuildError>() {
+            return match b {
+                BuildError::Store(s) => store_code(s),
+                BuildError::MissingSource { .. } => 3,
+                BuildError::Option(_) => 2,
+                BuildError::Tar(_) | BuildError::UnsafeEntry { .. } => 5,
+                _ => 1,
+            };
+        }
+        if cause.downcast_ref::<ModelError>().is_some() || cause.downcast_ref::<Usage>().is_some() {
+            return 2;
+        }
+        if cause.downcast_ref::<NotFound>().is_some() {
+            return 3;
+        }
+    }
+    1
+}

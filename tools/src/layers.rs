@@ -1,0 +1,180 @@
+//! `strata build` and `strata materialize`.
+
+use std::io::IsTerminal;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use strata_builder::{build_dir, build_tar, BuildOptions};
+use strata_registry::blobread::BlobReader;
+use strata_registry::model::{ImageConfig, LayerKind, TagName};
+use strata_registry::store::Store;
+
+use crate::exit::Usage;
+use crate::images::{human, make_image, resolve_layer, resolve_layers};
+
+/// Arguments of `strata build`.
+#[derive(clap::Args)]
+pub struct BuildArgs {
+    /// A directory, or with --tar a tar file ('-' for standard input; plain, gzip or zstd).
+    pub src: PathBuf,
+    /// Read SRC as a tar stream.
+    #[arg(long)]
+    pub tar: bool,
+    /// What the layer is for: base, workspace, toolkit or diff.
+    #[arg(long, default_value = "base")]
+    pub kind: LayerKind,
+    /// Also make a one-layer image and tag it NAME:TAG.
+    #[arg(short = 't', long = "tag")]
+    pub tag: Option<String>,
+    /// Deduplicate against this layer, or every layer of this image.
+    #[arg(long)]
+    pub parent: Vec<String>,
+    /// Chunk size in bytes (a power of two, 4096 to 16777216).
+    #[arg(long, default_value_t = strata_builder::build::DEFAULT_CHUNK_SIZE)]
+    pub chunk_size: u64,
+    /// zstd level (1 to 22).
+    #[arg(long, default_value_t = 3)]
+    pub level: i32,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Label KEY=VALUE (repeatable).
+    #[arg(long = "label")]
+    pub labels: Vec<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Shows bytes processed on standard error while `f` runs, if standard error is a terminal.
+fn with_progress<T>(
+    counter: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    f: impl FnOnce() -> T,
+) -> T {
+    if !std::io::stderr().is_terminal() {
+        return f();
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.enable_steady_tick(Duration::from_millis(120));
+    let start = Instant::now();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (b2, d2, c2) = (bar.clone(), done.clone(), counter.clone());
+    let t = std::thread::spawn(move || {
+        while !d2.load(Ordering::Relaxed) {
+            let n = c2.load(Ordering::Relaxed);
+            let rate = n as f64 / start.elapsed().as_secs_f64().max(0.001);
+            b2.set_message(format!("{} read, {}/s", human(n), human(rate as u64)));
+            std::thread::sleep(Duration::from_millis(120));
+        }
+    });
+    let out = f();
+    done.store(true, Ordering::Relaxed);
+    let _ = t.join();
+    bar.finish_and_clear();
+    out
+}
+
+/// `strata build`.
+pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
+    let tag = a.tag.as_deref().map(TagName::parse).transpose()?;
+    let mut opts = BuildOptions::new(a.kind);
+    opts.chunk_size = a.chunk_size;
+    opts.level = a.level;
+    if let Some(t) = a.threads {
+        opts.threads = t.max(1);
+    }
+    for l in &a.labels {
+        let (k, v) = l
+            .split_once('=')
+            .ok_or_else(|| Usage(format!("label {l:?} is not KEY=VALUE")))?;
+        opts.labels.insert(k.to_string(), v.to_string());
+    }
+    for p in &a.parent {
+        opts.parents
+            .extend(resolve_layers(store, p).with_context(|| format!("parent {p}"))?);
+    }
+    let start = Instant::now();
+    let counter = opts.progress.clone();
+    let built = with_progress(counter, || {
+        if a.tar {
+            let reader: Box<dyn std::io::Read + Send> = if a.src == Path::new("-") {
+                Box::new(std::io::stdin())
+            } else {
+                Box::new(
+                    std::fs::File::open(&a.src)
+                        .with_context(|| format!("opening tar {}", a.src.display()))?,
+                )
+            };
+            Ok::<_, anyhow::Error>(build_tar(store, reader, opts)?)
+        } else {
+            Ok(build_dir(store, &a.src, opts)?)
+        }
+    })?;
+    let image = match &tag {
+        Some(t) => Some(make_image(
+            store,
+            vec![(built.digest, built.descriptor.clone())],
+            ImageConfig::default(),
+            t,
+        )?),
+        None => None,
+    };
+    let s = &built.descriptor.stats;
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "digest": built.digest.to_string(),
+                "image": image.map(|d| d.to_string()),
+                "tag": tag.map(|t| t.to_string()),
+                "stats": s,
+                "seconds": start.elapsed().as_secs_f64(),
+            })
+        );
+    } else {
+        println!("{}", built.digest);
+        if std::io::stderr().is_terminal() {
+            eprintln!(
+                "{} entries, {} in files, {} new chunks ({}), {} stored, in {:.1}s",
+                s.entries,
+                human(s.file_bytes),
+                s.new_chunks,
+                human(s.new_bytes),
+                human(s.stored_bytes),
+                start.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `strata materialize`: DIR/meta.erofs and DIR/devices/N, each view verified chunk by chunk.
+pub fn materialize(store: &Store, layer: &str, dir: &Path) -> Result<()> {
+    let (_, desc) = resolve_layer(store, layer)?;
+    let devices = dir.join("devices");
+    std::fs::create_dir_all(&devices).with_context(|| format!("creating {}", devices.display()))?;
+    let meta = store.get_meta(&desc.meta.digest)?;
+    let meta_path = dir.join("meta.erofs");
+    std::fs::write(&meta_path, &meta)
+        .with_context(|| format!("writing {}", meta_path.display()))?;
+    for (i, b) in desc.blobs.iter().enumerate() {
+        let path = devices.join((i + 1).to_string());
+        let f =
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        f.set_len(b.view_size)?;
+        let r = BlobReader::open(store, b)?;
+        r.for_each_chunk(0..r.toc.chunks.len(), |c, bytes| {
+            f.write_all_at(bytes, c.block as u64 * 4096)
+                .map_err(|source| strata_registry::store::StoreError::Io {
+                    path: path.clone(),
+                    source,
+                })
+        })?;
+        f.sync_all()?;
+    }
+    println!("{}", meta_path.display());
+    Ok(())
+}

@@ -1,0 +1,32 @@
+//! `strata`: build, compose, tag, inspect and read images.
+//!
+//! Every command takes its store from `--store URL` or `STRATA_STORE` (default: the embedded local store
+//! `file:///var/lib/strata/store`). Output for humans goes to standard output; `--json` prints one JSON
+//! document for machines; progress goes to standard error only when it is a terminal. Exit codes are
+//! documented in `docs/CLI.md` and come from [`exit::code`].
+
+pub mod cli;
+pub mod daemon;
+mod exit;
+mod images;
+mod layers;
+mod node;
+mod view;
+
+use clap::Parser;
+
+/// The `strata` program: parses the command line, runs it, exits with the documented code.
+pub fn main() {
+    let args = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = cli::run(args) {
+        eprintln!("strata: error: {e:#}");
+        std::process::exit(exit::code(&e));
+    }
+}
