@@ -48,7 +48,7 @@ def code(s):
 
 
 out = [
-    "| data set | tool | wall s | CPU s (user+sys) | stored MiB | wall ÷ tar-zstd | stored ÷ tar-zstd | command |",
+    "| data set | tool | wall s | CPU s (user+sys) | stored MiB | wall ÷ tar-zstd (median of per-run ratios) | stored ÷ tar-zstd | command |",
     "|---|---|---:|---:|---:|---:|---:|---|",
 ]
 sizes = {}
@@ -57,9 +57,15 @@ for (ds, tool), m in med.items():
         continue
     if ds not in sizes:
         sizes[ds] = tree(ds)
-    ref = med.get((ds, "tar-zstd"))
-    rt = f"{m[0] / ref[0]:.2f}×" if ref else "—"
-    rb = f"{m[2] / ref[2]:.3f}×" if ref else "—"
+    # Ratios: the median over runs of each run's ratio to the tar-zstd measurement of the same run (taken
+    # right before or after it, so under the same load).
+    ref = runs.get((ds, "tar-zstd"))
+    rt = rb = "—"
+    if ref:
+        mine = runs[(ds, tool)]
+        k = min(len(ref), len(mine))
+        rt = f"{statistics.median(mine[i][0] / ref[i][0] for i in range(k)):.2f}×"
+        rb = f"{statistics.median(mine[i][2] / ref[i][2] for i in range(k)):.3f}×"
     name = tool
     if tool == "strata":
         if abs(m[3] - m[2]) > 0.02 * m[2]:

@@ -5,7 +5,7 @@
 # Then the rebuild: `strata build minbase-up --parent <minbase layer>` into the store of the minbase build,
 # the bytes it added against the bytes that changed between the two trees.
 #
-# Prints a markdown table and writes it to benches/results/build-<date>.md; raw figures (one line a run)
+# Prints a markdown table and writes it to benches/results/build-<date>T<time>Z.md; raw figures (one line a run)
 # go to $BENCH_DATA/build-<date>.tsv and strata's --json outputs next to it.
 #
 # Environment: BENCH_DATA (default /var/tmp/strata-bench), RUNS (3), DATASETS ("minbase venv"),
@@ -173,4 +173,4 @@ table=$(python3 "$here/build-table.py" "$RAW" "$D")
         echo
         echo "**Warning:** $noisy measurement(s) started while other work kept the CPU over 15 % busy."
     fi
-} | tee "$here/results/build-$date.md"
+} | tee "$here/results/build-$stamp.md"

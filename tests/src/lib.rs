@@ -14,9 +14,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// A binary of this package, next to the running test executable's `deps/` directory (cargo builds
+/// a package's binaries before running its integration tests).
+fn sibling_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe
+        .parent()
+        .and_then(|d| {
+            if d.ends_with("deps") {
+                d.parent()
+            } else {
+                Some(d)
+            }
+        })
+        .expect("target dir");
+    dir.join(name)
+}
+
 /// Path of the `strata` CLI built for these tests.
 pub fn strata_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_strata-under-test"))
+    sibling_bin("strata-under-test")
 }
 
 /// A scratch directory on a disk filesystem (the kernel refuses EROFS metadata on tmpfs or overlayfs).
@@ -505,7 +522,7 @@ pub fn materialized_devices(dir: &Path) -> Vec<PathBuf> {
 
 /// Path of the `stratad` daemon built for these tests.
 pub fn stratad_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_stratad-under-test"))
+    sibling_bin("stratad-under-test")
 }
 
 /// A `stratad` started for a test, with its own state and runtime directories; stopped (SIGTERM) when

@@ -52,7 +52,11 @@ fn snapshot_via_cli(
                 format!("{dir}/{name}")
             };
             let mode = e["mode"].as_u64().expect("mode") as u32;
-            let content = if mode & 0o170000 == 0o100000 && !rel.starts_with("many/") {
+            // Names that are not UTF-8 come back lossy in JSON: list them, do not cat them.
+            let content = if mode & 0o170000 == 0o100000
+                && !rel.starts_with("many/")
+                && !rel.contains('\u{fffd}')
+            {
                 let o = store.run(&["cat", image, &format!("/{rel}")]);
                 assert!(
                     o.status.success(),
@@ -139,9 +143,12 @@ fn roundtrip(store: &StoreEnv) {
         if path.is_empty() {
             continue;
         }
+        // Names that are not UTF-8 come back lossy in JSON.
+        let lossy = String::from_utf8_lossy(path).into_owned();
+        let odd = lossy.contains('\u{fffd}');
         let got = via
-            .get(path)
-            .unwrap_or_else(|| panic!("ls misses {}", String::from_utf8_lossy(path)));
+            .get(lossy.as_bytes())
+            .unwrap_or_else(|| panic!("ls misses {lossy}"));
         let want = (
             e.mode,
             e.uid,
@@ -149,7 +156,7 @@ fn roundtrip(store: &StoreEnv) {
             e.mtime.0,
             e.mtime.1,
             e.size,
-            if path.starts_with(b"many/") {
+            if path.starts_with(b"many/") || odd {
                 None
             } else {
                 e.content.clone()

@@ -376,7 +376,13 @@ fn expected_content(blobs: &Blobs, node: &NodeKind) -> Option<Vec<u8>> {
 fn compare_mounted(tree: &Tree, blobs: &Blobs, root: &Path) {
     let mut ino_of: HashMap<NodeId, u64> = HashMap::new();
     let mut node_of: HashMap<u64, NodeId> = HashMap::new();
-    for (rel, id) in entries(tree) {
+    let all = entries(tree);
+    assert_eq!(
+        all.len() as u64,
+        tree.entry_count(),
+        "every name is compared"
+    );
+    for (rel, id) in all {
         let node = &tree.nodes[id];
         let path = join(root, &rel);
         let show = String::from_utf8_lossy(&rel).into_owned();
@@ -556,6 +562,16 @@ fn kernel_mounts_what_we_write() {
         let p = dir.path().join(format!("blob{}", k + 1));
         std::fs::write(&p, d).expect("write blob");
         dev_paths.push(p);
+    }
+
+    // For debugging: STRATA_EROFS_KEEP=<dir> keeps a copy of the image and the blobs.
+    if let Some(keep) = std::env::var_os("STRATA_EROFS_KEEP") {
+        let keep = PathBuf::from(keep);
+        std::fs::create_dir_all(&keep).expect("keep dir");
+        std::fs::copy(&meta_path, keep.join("meta.erofs")).expect("keep image");
+        for p in &dev_paths {
+            std::fs::copy(p, keep.join(p.file_name().expect("name"))).expect("keep blob");
+        }
     }
 
     match Command::new("fsck.erofs")

@@ -61,6 +61,11 @@ const PATH_MAX: usize = libc::PATH_MAX as usize;
 
 /// Walks the directory `root` and hands every entry to `sink` (see the module documentation).
 pub fn walk_dir(root: &Path, sink: &mut dyn EntrySink) -> Result<(), BuildError> {
+    walk_impl(root, sink, true)
+}
+
+/// [`walk_dir`]; `use_proc: false` reads xattrs by full paths, as where `/proc` is unusable.
+fn walk_impl(root: &Path, sink: &mut dyn EntrySink, use_proc: bool) -> Result<(), BuildError> {
     let not_a_dir = || {
         let e = io::Error::new(
             io::ErrorKind::NotADirectory,
@@ -78,19 +83,19 @@ pub fn walk_dir(root: &Path, sink: &mut dyn EntrySink) -> Result<(), BuildError>
         Ok(_) => {}
     }
     let err = |e| BuildError::io(root, e);
-    let dir = Dir::open(
-        libc::AT_FDCWD,
-        &cstring(root.as_os_str().as_bytes()).map_err(err)?,
-        false,
-    )
-    .map_err(err)?;
+    let croot = cstring(root.as_os_str().as_bytes()).map_err(err)?;
+    let dir = Dir::open(libc::AT_FDCWD, &croot, false).map_err(err)?;
     let st = stat_at(dir.fd(), c"", libc::AT_EMPTY_PATH).map_err(err)?;
     if st.mode & S_IFMT != S_IFDIR {
         return Err(not_a_dir());
     }
     let proc_path = format!("/proc/self/fd/{}/.", dir.fd());
-    let proc_fd = matches!(stat_at(libc::AT_FDCWD, &cstring(proc_path.as_bytes()).map_err(err)?, 0),
-        Ok(s) if (s.dev, s.ino) == (st.dev, st.ino));
+    let proc_st = stat_at(
+        libc::AT_FDCWD,
+        &cstring(proc_path.as_bytes()).map_err(err)?,
+        0,
+    );
+    let proc_fd = use_proc && proc_st.is_ok_and(|s| (s.dev, s.ino) == (st.dev, st.ino));
     let xattr_path = match proc_fd {
         true => proc_path.into_bytes(),
         false => root.join(".").into_os_string().into_encoded_bytes(),
@@ -553,6 +558,7 @@ fn read_xattrs(path: &CStr) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests unwrap freely
 mod tests {
     use super::*;
     use std::os::unix::fs::{symlink, FileExt, PermissionsExt};
@@ -852,6 +858,30 @@ mod tests {
             .map(|(e, _)| e.path)
             .collect();
         assert_eq!(paths, [b"".to_vec(), b"f".to_vec()]);
+    }
+
+    #[test]
+    fn without_proc_the_same_entries() {
+        let (_t, root) = tmp();
+        std::fs::create_dir(root.join("d")).unwrap();
+        std::fs::write(root.join("d/f"), b"f").unwrap();
+        setxattr(&root.join("d/f"), c"user.x", b"1");
+        setxattr(&root, c"user.r", b"2");
+        symlink("d/f", root.join("l")).unwrap();
+        let mut rec = Rec::default();
+        walk_impl(&root, &mut rec, false).unwrap();
+        assert_eq!(
+            format!("{:?}", rec.entries),
+            format!("{:?}", walk(&root).entries)
+        );
+        assert_eq!(
+            rec.get(b"d/f").0.meta.xattrs,
+            [(b"user.x".to_vec(), b"1".to_vec())]
+        );
+        assert_eq!(
+            rec.get(b"").0.meta.xattrs,
+            [(b"user.r".to_vec(), b"2".to_vec())]
+        );
     }
 
     struct Unmount(Vec<CString>);
