@@ -550,6 +550,7 @@ impl Daemon {
             .arg("--runtime-dir")
             .arg(&runtime)
             .args(extra)
+            .env("STRATA_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         for (k, v) in &store.env {
