@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The builder benchmark: strata build against the usual ways of packing a tree, on the data sets of
-# benches/make-data.sh. For each data set and tool: RUNS runs (default 3), the page cache dropped before
-# each, the median wall time, CPU time (user+sys of the whole command, children included) and stored bytes.
-# Then the rebuild: `strata build minbase-up --parent <minbase layer>` into the store of the minbase build,
-# the bytes it added against the bytes that changed between the two trees.
+# benches/make-data.sh. For each data set and tool: RUNS runs (default 3), each after waiting for an idle
+# CPU and dropping the page cache; the median wall time, CPU time (user+sys of the whole command, children
+# included) and stored bytes. Then the rebuild: `strata build minbase-up --parent <minbase layer>` into the
+# store of each minbase run, the bytes it added against the bytes that changed between the two trees.
 #
-# Prints a markdown table and writes it to benches/results/build-<date>T<time>Z.md; raw figures (one line a run)
-# go to $BENCH_DATA/build-<date>.tsv and strata's --json outputs next to it.
+# Prints a markdown table and writes it to benches/results/build-<date>T<time>Z.md; the raw figures (one
+# line a run) go to $BENCH_DATA/build-<date>T<time>Z.tsv, strata's --json outputs beside them.
 #
 # Environment: BENCH_DATA (default /var/tmp/strata-bench), RUNS (3), DATASETS ("minbase venv"),
 # TOOLS ("strata tar-zstd mkfs.erofs mksquashfs mksquashfs-l3"), STRATA (the binary; default
-# $CARGO_TARGET_DIR/release/strata, CARGO_TARGET_DIR defaulting to /var/tmp/strata-target),
-# NO_DROP=1 to keep the page cache (for quick trials only). Needs root (to drop the page cache).
+# $CARGO_TARGET_DIR/release/strata, CARGO_TARGET_DIR defaulting to /var/tmp/strata-target), QUIET_MAX
+# (seconds to wait for an idle CPU, 300), NO_DROP=1 to keep the page cache (quick trials only),
+# KEEP_STORES=1 to keep the strata stores. Needs root (to drop the page cache).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +21,6 @@ RUNS=${RUNS:-3}
 DATASETS=${DATASETS:-minbase venv}
 TOOLS=${TOOLS:-strata tar-zstd mkfs.erofs mksquashfs mksquashfs-l3}
 STRATA=${STRATA:-${CARGO_TARGET_DIR:-/var/tmp/strata-target}/release/strata}
-date=$(date -u +%Y-%m-%d)
 stamp=$(date -u +%Y-%m-%dT%H%MZ)
 OUT=$D/out                       # peers' outputs, replaced at each run
 RAW=$D/build-$stamp.tsv
@@ -156,6 +156,9 @@ if [[ " $TOOLS " == *" strata "* && " $DATASETS " == *" minbase "* && -e $D/minb
         log "rebuild run $r: $(tail -n1 "$RAW" | cut -f4- | tr '\t' ' ')"
     done
 fi
+
+# The stores hold about 1.2 copies of the compressed data each: keep them only on request.
+[[ ${KEEP_STORES:-} == 1 ]] || rm -rf "$D"/store-*
 
 # The table: the median of each column over the runs.
 table=$(python3 "$here/build-table.py" "$RAW" "$D")

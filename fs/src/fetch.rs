@@ -94,6 +94,9 @@ impl ChunkBytes {
 
 type Outcome = Option<Result<(), FetchError>>;
 
+/// One fetched chunk, or why it could not be had.
+type ChunkResult = Result<Arc<Vec<u8>>, FetchError>;
+
 struct Flight {
     done: Mutex<Outcome>,
     cv: Condvar,
@@ -277,7 +280,7 @@ impl Fetcher {
         &self,
         blob: &BlobHandle,
         claimed: &[usize],
-    ) -> Result<Vec<Result<Arc<Vec<u8>>, FetchError>>, FetchError> {
+    ) -> Result<Vec<ChunkResult>, FetchError> {
         let toc = &blob.toc;
         let (Some(&first), Some(&last)) = (claimed.first(), claimed.last()) else {
             return Ok(Vec::new());

@@ -35,11 +35,12 @@ impl Drop for KernelMount {
     }
 }
 
+/// What `strata ls --json` and `strata cat` show of an entry: mode, uid, gid, mtime, nanoseconds, size,
+/// content digest.
+type CliEntry = (u32, u32, u32, i64, i64, u64, Option<String>);
+
 /// The merged view through `strata ls --json` and `strata cat`, as a snapshot like [`snapshot`]'s.
-fn snapshot_via_cli(
-    store: &StoreEnv,
-    image: &str,
-) -> BTreeMap<Vec<u8>, (u32, u32, u32, i64, i64, u64, Option<String>)> {
+fn snapshot_via_cli(store: &StoreEnv, image: &str) -> BTreeMap<Vec<u8>, CliEntry> {
     let mut out = BTreeMap::new();
     let mut dirs = vec![String::new()];
     while let Some(dir) = dirs.pop() {

@@ -1,5 +1,5 @@
 //! Tags move only by compare-and-swap: of concurrent updates from one state, exactly one wins, the others
-//! get a conflict, and no tag is lost — on a local store (RocksDB index) and on S3 (conditional put).
+//! get a conflict, and no tag is lost — on a local store (lock file) and on S3 (conditional put).
 
 use std::sync::{Arc, Barrier};
 

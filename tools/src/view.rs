@@ -269,17 +269,19 @@ pub fn cat(store: &Store, reference: &str, path: &str) -> Result<()> {
         match loc {
             None => out.write_all(&vec![0u8; n as usize])?,
             Some(loc) => {
-                if !readers.contains_key(&loc.device) {
-                    let blob = layer
-                        .desc
-                        .blobs
-                        .get(loc.device as usize - 1)
-                        .ok_or_else(|| {
-                            anyhow::anyhow!("{path}: chunk on unknown device {}", loc.device)
-                        })?;
-                    readers.insert(loc.device, BlobReader::open(store, blob)?);
-                }
-                let bytes = readers[&loc.device].chunk_at_block(loc.block as u64)?;
+                let reader = match readers.entry(loc.device) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        let blob = (loc.device as usize)
+                            .checked_sub(1)
+                            .and_then(|i| layer.desc.blobs.get(i))
+                            .ok_or_else(|| {
+                                anyhow::anyhow!("{path}: chunk on unknown device {}", loc.device)
+                            })?;
+                        e.insert(BlobReader::open(store, blob)?)
+                    }
+                };
+                let bytes = reader.chunk_at_block(loc.block as u64)?;
                 let take = (n as usize).min(bytes.len());
                 out.write_all(&bytes[..take])?;
                 if take < n as usize {

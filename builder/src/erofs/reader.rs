@@ -8,6 +8,9 @@
 use super::format::*;
 use super::writer::{ChunkLoc, DeviceSlot};
 
+/// One extended attribute: full name and value.
+type Xattr = (Vec<u8>, Vec<u8>);
+
 /// Why an image (or a part of it) cannot be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ErofsError {
@@ -362,7 +365,7 @@ impl ErofsImage {
         Ok(inode)
     }
 
-    fn parse_xattrs(&self, nid: u64, body: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, ErofsError> {
+    fn parse_xattrs(&self, nid: u64, body: &[u8]) -> Result<Vec<Xattr>, ErofsError> {
         let h = XattrIbodyHeader::read(body, 0)
             .ok_or_else(|| bad(nid, "inline xattr body shorter than its header"))?;
         let shared = usize::from(h.h_shared_count);
@@ -591,11 +594,7 @@ impl ErofsImage {
 }
 
 /// Decodes the xattr entry at `pos` of `buf`: its full name and value, and where the next entry starts.
-fn decode_xattr(
-    nid: u64,
-    buf: &[u8],
-    pos: usize,
-) -> Result<((Vec<u8>, Vec<u8>), usize), ErofsError> {
+fn decode_xattr(nid: u64, buf: &[u8], pos: usize) -> Result<(Xattr, usize), ErofsError> {
     let e = XattrEntry::read(buf, pos)
         .ok_or_else(|| bad(nid, format!("xattr entry at body byte {pos} truncated")))?;
     let name_start = pos + XattrEntry::SIZE;
@@ -689,7 +688,7 @@ mod tests {
             for mask in [0x01u8, 0x80, 0xff] {
                 let mut bad = img.clone();
                 bad[at] ^= mask;
-                if at >= SUPER_OFFSET && at < BLKSZ {
+                if (SUPER_OFFSET..BLKSZ).contains(&at) {
                     // Re-seal the checksum so that the superblock's other fields get exercised too.
                     let mut sb = SuperBlock::read(&bad, SUPER_OFFSET).expect("sb");
                     sb.checksum = sb_checksum(&bad[SUPER_OFFSET..BLKSZ]);

@@ -558,7 +558,6 @@ fn read_xattrs(path: &CStr) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests unwrap freely
 mod tests {
     use super::*;
     use std::os::unix::fs::{symlink, FileExt, PermissionsExt};

@@ -700,7 +700,6 @@ fn normalize(raw: &[u8]) -> Result<Vec<u8>, Bad> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests unwrap freely
 mod tests {
     use super::*;
     use std::io::Write;

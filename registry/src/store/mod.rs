@@ -7,7 +7,7 @@
 //! meta/<hex>             EROFS metadata images
 //! layers/<hex>.json      layer descriptors
 //! manifests/<hex>.json   image manifests
-//! tags/<name>/<tag>      tags (S3); a local store keeps its tags in its RocksDB index (index/)
+//! tags/<name>/<tag>      tags (the text `blake3:<hex>`); a local store serializes updates with tags/.lock
 //! tmp/                   a local store's spool for blobs being written
 //! ```
 //!
@@ -21,7 +21,7 @@
 //! of a whole object is verified against its digest before it is returned.
 
 mod backend;
-mod index;
+mod tagfile;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -34,7 +34,6 @@ use crate::toc::{Footer, Toc, TocError, FOOTER_LEN};
 
 use backend::Backend;
 pub use backend::Version;
-use index::Index;
 
 /// The embedded default store.
 pub const DEFAULT_STORE: &str = "file:///var/lib/strata/store";
@@ -74,8 +73,6 @@ pub enum StoreError {
     },
     #[error("invalid store URL {url:?}: {why}")]
     BadUrl { url: String, why: String },
-    #[error("store index {path}: {message}")]
-    Index { path: PathBuf, message: String },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -373,7 +370,7 @@ impl Store {
                 })
         };
         match &self.local {
-            Some(root) => match Index::new(root).get(&t.to_string())? {
+            Some(root) => match tagfile::get(root, t)? {
                 Some(v) => Ok(Some(TagState {
                     digest: parse(&v, &t.to_string())?,
                     version: None,
@@ -414,8 +411,9 @@ impl Store {
         match &self.local {
             Some(root) => {
                 let expected = prev.map(|p| format!("{}\n", p.digest));
-                match Index::new(root).compare_and_swap(
-                    &t.to_string(),
+                match tagfile::compare_and_swap(
+                    root,
+                    t,
                     expected.as_deref().map(str::as_bytes),
                     value.as_bytes(),
                 )? {
@@ -449,16 +447,13 @@ impl Store {
         let mut out = Vec::new();
         match &self.local {
             Some(root) => {
-                for (name, v) in Index::new(root).list()? {
-                    let (Ok(t), Some(d)) = (
-                        TagName::parse(&name),
-                        std::str::from_utf8(&v)
-                            .ok()
-                            .and_then(|s| s.trim().parse().ok()),
-                    ) else {
-                        continue;
-                    };
-                    out.push((t, d));
+                for (t, v) in tagfile::list(root)? {
+                    if let Some(d) = std::str::from_utf8(&v)
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok())
+                    {
+                        out.push((t, d));
+                    }
                 }
             }
             None => {
