@@ -609,4 +609,22 @@ fn kernel_mounts_what_we_write() {
         .chain(*b"leaf")
         .collect();
     assert_eq!(std::fs::read(join(&mnt, &deep)).expect("deep"), b"deep");
+
+    // A mount with a device missing fails with a typed error carrying the errno and the kernel's reason.
+    let mnt2 = dir.path().join("mnt2");
+    std::fs::create_dir(&mnt2).expect("mkdir");
+    match mount_erofs(&meta_path, &dev_paths[..1], &mnt2) {
+        Ok(()) => {
+            let _guard2 = MountGuard(mnt2.clone());
+            panic!("a mount without all devices succeeded");
+        }
+        Err(e) => {
+            assert_eq!(e.errno(), Some(libc::EINVAL), "{e}");
+            let text = e.to_string();
+            assert!(
+                text.contains("meta.erofs") && text.contains("devices"),
+                "{text}"
+            );
+        }
+    }
 }

@@ -390,9 +390,9 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn three_thousand_deep() {
+    fn ten_thousand_deep() {
         let mut t = Tree::new();
-        let path: Vec<u8> = (0..3000)
+        let path: Vec<u8> = (0..10_000)
             .flat_map(|i| format!("d{}/", i % 10).into_bytes())
             .collect();
         let mut file = path.clone();
