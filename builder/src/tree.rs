@@ -181,16 +181,20 @@ impl Tree {
         Some(cur)
     }
 
-    /// Number of directory entries (every name, hard links counted each time) plus the root.
+    /// Number of directory entries reachable from the root (every name, hard links counted each time)
+    /// plus the root; orphans left by replaced directories do not count.
     pub fn entry_count(&self) -> u64 {
-        1 + self
-            .nodes
-            .iter()
-            .map(|n| match &n.kind {
-                NodeKind::Dir(c) => c.len() as u64,
-                _ => 0,
-            })
-            .sum::<u64>()
+        let mut count = 1;
+        let mut stack = vec![0usize];
+        while let Some(id) = stack.pop() {
+            for (_, child) in self.children(id) {
+                count += 1;
+                if matches!(self.nodes[child].kind, NodeKind::Dir(_)) {
+                    stack.push(child);
+                }
+            }
+        }
+        count
     }
 }
 
@@ -389,6 +393,9 @@ mod tests {
         assert_eq!(t.nodes[t.lookup(b"a/b").unwrap()].kind, NodeKind::Fifo);
         assert!(t.lookup(b"a/b/c").is_none());
         assert!(t.insert(b"a/b/d", Meta::implied_dir(), file()).is_err());
+        // Replacing a directory drops its subtree from the count.
+        t.insert(b"a", Meta::implied_dir(), file()).unwrap();
+        assert_eq!(t.entry_count(), 2);
     }
 
     #[test]
