@@ -463,7 +463,16 @@ fn finish(
         store.put_blob_file(&b.digest, &b.spool)?;
         stats.stored_bytes += b.size;
     }
-    let (meta_digest, meta_stored) = store.put_meta(&image)?;
+    // A rebuild's metadata is stored as a patch against its (first) parent's.
+    let base = match opts.parents.first() {
+        Some(p) => {
+            let d = store.get_layer(p)?.meta.digest;
+            Some((d, store.get_meta(&d)?))
+        }
+        None => None,
+    };
+    let (meta_digest, meta_stored) =
+        store.put_meta(&image, base.as_ref().map(|(d, b)| (d, b.as_slice())))?;
     stats.stored_bytes += meta_stored;
     let descriptor = LayerDescriptor {
         schema: SCHEMA,

@@ -242,23 +242,81 @@ impl Store {
     }
 
     /// Stores the EROFS metadata of a layer, zstd-compressed; returns the digest of the uncompressed
-    /// image (its name) and the number of bytes stored.
-    pub fn put_meta(&self, meta: &[u8]) -> Result<(Digest, u64), StoreError> {
+    /// image (its name) and the number of bytes stored. With `base` (the parent layer's metadata digest and
+    /// image), the image is stored as a zstd patch against it — a rebuild's metadata differs from its
+    /// parent's in a few inodes, so the patch is a few percent of the image. A base that is itself a patch
+    /// is not used, so reading metadata never needs more than one other object.
+    pub fn put_meta(
+        &self,
+        meta: &[u8],
+        base: Option<(&Digest, &[u8])>,
+    ) -> Result<(Digest, u64), StoreError> {
         let d = Digest::of(meta);
-        let z = crate::toc::compress(meta, 3);
+        let key = key::meta(&d);
+        let patch = match base {
+            Some((bd, bimg)) if !self.meta_is_patch(bd)? => Some((bd, bimg)),
+            _ => None,
+        };
+        let z = match patch {
+            None => crate::toc::compress(meta, 3),
+            Some((bd, bimg)) => {
+                let payload = patch_compress(meta, bimg).map_err(|e| StoreError::Malformed {
+                    key: key.clone(),
+                    why: format!("zstd patch: {e}"),
+                })?;
+                let mut out = Vec::with_capacity(48 + payload.len());
+                out.extend_from_slice(META_PATCH_MAGIC);
+                out.extend_from_slice(&bd.0);
+                out.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+                out.extend_from_slice(&payload);
+                out
+            }
+        };
         let stored = z.len() as u64;
-        self.put_bytes(&key::meta(&d), z)?;
+        self.put_bytes(&key, z)?;
         Ok((d, stored))
     }
 
-    /// Reads layer metadata: decompresses it and checks the image against its digest.
+    /// True if the stored metadata object `d` is a patch against another.
+    fn meta_is_patch(&self, d: &Digest) -> Result<bool, StoreError> {
+        let key = key::meta(d);
+        match self.backend.head(&key)? {
+            Some(n) if n >= 8 => Ok(&self.get_range(&key, 0..8)?[..] == META_PATCH_MAGIC),
+            _ => Ok(false),
+        }
+    }
+
+    /// Reads layer metadata: decompresses it (applying its base if it is a patch) and checks the image
+    /// against its digest.
     pub fn get_meta(&self, d: &Digest) -> Result<Vec<u8>, StoreError> {
+        self.get_meta_at(d, 0)
+    }
+
+    fn get_meta_at(&self, d: &Digest, depth: u32) -> Result<Vec<u8>, StoreError> {
         let key = key::meta(d);
         let z = self.backend.get(&key)?;
-        let image = zstd::stream::decode_all(&z[..]).map_err(|e| StoreError::Malformed {
+        let bad = |why: String| StoreError::Malformed {
             key: key.clone(),
-            why: format!("not a zstd stream: {e}"),
-        })?;
+            why,
+        };
+        let image = if z.starts_with(META_PATCH_MAGIC) && z.len() >= 48 {
+            if depth > 0 {
+                return Err(bad("patch against a patch".into()));
+            }
+            let mut bd = [0u8; 32];
+            bd.copy_from_slice(&z[8..40]);
+            let mut len = [0u8; 8];
+            len.copy_from_slice(&z[40..48]);
+            let len = u64::from_le_bytes(len);
+            if len > 1 << 34 {
+                return Err(bad(format!("patch claims {len} bytes")));
+            }
+            let base = self.get_meta_at(&Digest(bd), depth + 1)?;
+            patch_decompress(&z[48..], &base, len as usize)
+                .map_err(|e| bad(format!("zstd patch: {e}")))?
+        } else {
+            zstd::stream::decode_all(&z[..]).map_err(|e| bad(format!("not a zstd stream: {e}")))?
+        };
         let actual = Digest::of(&image);
         if actual != *d {
             return Err(StoreError::Corrupt {
@@ -478,6 +536,41 @@ impl Store {
     }
 }
 
+/// Marks a metadata object stored as a patch: magic, base digest (32 bytes), image length (u64), payload.
+const META_PATCH_MAGIC: &[u8; 8] = b"STRMETP1";
+
+/// zstd window large enough to reach back through `base` (up to 128 MiB).
+fn patch_window(total: usize) -> u32 {
+    (usize::BITS - total.max(1).leading_zeros()).clamp(21, 27)
+}
+
+fn patch_compress(data: &[u8], base: &[u8]) -> std::io::Result<Vec<u8>> {
+    use zstd::zstd_safe::CParameter;
+    let window = patch_window(data.len() + base.len());
+    let mut c = zstd::bulk::Compressor::with_dictionary(3, base)?;
+    // As `zstd --patch-from`: a window over base and data, and match tables sized to index the base.
+    c.set_parameter(CParameter::WindowLog(window))?;
+    c.set_parameter(CParameter::HashLog(window.min(25)))?;
+    c.set_parameter(CParameter::ChainLog(window.min(25)))?;
+    // Long-distance matching finds the unchanged runs anywhere in the base, as `zstd --patch-from` does.
+    c.set_parameter(zstd::zstd_safe::CParameter::EnableLongDistanceMatching(
+        true,
+    ))?;
+    c.compress(data)
+}
+
+fn patch_decompress(payload: &[u8], base: &[u8], len: usize) -> std::io::Result<Vec<u8>> {
+    let mut d = zstd::bulk::Decompressor::with_dictionary(base)?;
+    d.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(27))?;
+    let out = d.decompress(payload, len)?;
+    if out.len() != len {
+        return Err(std::io::Error::other(
+            "patch decompressed to the wrong length",
+        ));
+    }
+    Ok(out)
+}
+
 fn tag_key(t: &TagName) -> String {
     format!("tags/{}/{}", t.name, t.tag)
 }
@@ -486,5 +579,42 @@ fn malformed(key: &str, e: TocError) -> StoreError {
     StoreError::Malformed {
         key: key.to_string(),
         why: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(seed: u8, n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+    }
+
+    #[test]
+    fn metadata_patches_against_its_base() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("file://{}", dir.path().display())).unwrap();
+        let v1: Vec<u8> = (0..1_000_000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        let mut v2 = v1.clone();
+        v2[500_000..500_100].fill(7);
+        let (d1, full) = store.put_meta(&v1, None).unwrap();
+        let (d2, patched) = store.put_meta(&v2, Some((&d1, &v1))).unwrap();
+        assert!(patched * 20 < full, "patch {patched} vs full {full}");
+        assert_eq!(store.get_meta(&d1).unwrap(), v1);
+        assert_eq!(store.get_meta(&d2).unwrap(), v2);
+        // A patch is never the base of another patch.
+        let v3 = image(3, 5000);
+        let (d3, _) = store.put_meta(&v3, Some((&d2, &v2))).unwrap();
+        assert!(!store.meta_is_patch(&d3).unwrap());
+        assert_eq!(store.get_meta(&d3).unwrap(), v3);
+        // A damaged patch is an error, never wrong bytes.
+        let p = dir.path().join(key::meta(&d2));
+        let mut b = std::fs::read(&p).unwrap();
+        let last = b.len() - 1;
+        b[last] ^= 0xff;
+        std::fs::write(&p, b).unwrap();
+        assert!(store.get_meta(&d2).is_err());
     }
 }
