@@ -63,8 +63,6 @@ struct Done {
     seq: u64,
     frames: Vec<FrameOut>,
     refs: Vec<ChunkRef>,
-    /// Uncompressed bytes of chunks that were new (not holes, not in the parent).
-    bytes: u64,
 }
 
 /// The blob a build produced.
@@ -179,13 +177,11 @@ fn work(unit: Unit, seq: u64, opts: &PoolOptions) -> Result<Done, BuildError> {
         seq,
         frames: Vec::new(),
         refs: Vec::new(),
-        bytes: 0,
     };
     match unit {
         Unit::Chunk { node, index, data } => {
             let bytes = read_data(&data)?;
             if let Some((d, data)) = classify(&mut done, opts, node, index, bytes) {
-                done.bytes += data.len() as u64;
                 done.frames.push(FrameOut {
                     compressed: toc::compress(&data, opts.level),
                     uncompressed: data.len() as u32,
@@ -204,7 +200,6 @@ fn work(unit: Unit, seq: u64, opts: &PoolOptions) -> Result<Done, BuildError> {
                 }
             }
             if !chunks.is_empty() {
-                done.bytes += buf.len() as u64;
                 done.frames.push(FrameOut {
                     compressed: toc::compress(&buf, opts.level),
                     uncompressed: buf.len() as u32,

@@ -113,6 +113,8 @@ struct LayerMount {
     refs: usize,
     path: PathBuf,
     blobs: Vec<Digest>,
+    /// Stored bytes of the layer (metadata and blobs).
+    bytes: u64,
 }
 
 /// A sandbox, as recorded on disk and reported by the API.
@@ -135,6 +137,8 @@ pub struct Sandbox {
 struct State {
     layers: HashMap<Digest, LayerMount>,
     sandboxes: BTreeMap<String, Sandbox>,
+    /// Manifests are immutable: each is read from the store once.
+    manifests: HashMap<Digest, Arc<Manifest>>,
 }
 
 /// The node daemon.
@@ -214,8 +218,8 @@ impl Daemon {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Resolves an image reference to its manifest.
-    pub fn resolve(&self, image: &str) -> Result<(Digest, Manifest), DaemonError> {
+    /// Resolves an image reference to its manifest (tags are read every time: they move).
+    pub fn resolve(&self, image: &str) -> Result<(Digest, Arc<Manifest>), DaemonError> {
         let d = match Reference::parse(image).map_err(StoreError::from)? {
             Reference::Digest(d) => d,
             Reference::Tag(t) => {
@@ -225,22 +229,31 @@ impl Daemon {
                     .digest
             }
         };
-        Ok((d, self.store.get_manifest(&d)?))
+        if let Some(m) = self.lock().manifests.get(&d) {
+            return Ok((d, m.clone()));
+        }
+        let m = Arc::new(self.store.get_manifest(&d)?);
+        self.lock().manifests.insert(d, m.clone());
+        Ok((d, m))
     }
 
     /// Mounts a layer if needed and takes a reference; returns its mount point and stored bytes.
     fn acquire_layer(&self, d: &Digest) -> Result<(PathBuf, u64), DaemonError> {
-        let desc = self.store.get_layer(d)?;
-        let bytes = desc.meta.size + desc.blobs.iter().map(|b| b.size).sum::<u64>();
-        if let Some(l) = self.lock().layers.get_mut(d) {
-            l.refs += 1;
-            return Ok((l.path.clone(), bytes));
+        let take = |st: &mut State| {
+            st.layers.get_mut(d).map(|l| {
+                l.refs += 1;
+                (l.path.clone(), l.bytes)
+            })
+        };
+        if let Some(found) = take(&mut self.lock()) {
+            return Ok(found);
         }
         let _g = self.layer_lock.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(l) = self.lock().layers.get_mut(d) {
-            l.refs += 1;
-            return Ok((l.path.clone(), bytes));
+        if let Some(found) = take(&mut self.lock()) {
+            return Ok(found);
         }
+        let desc = self.store.get_layer(d)?;
+        let bytes = desc.meta.size + desc.blobs.iter().map(|b| b.size).sum::<u64>();
         // Metadata to local disk, verified (reused if already there and intact).
         let meta_path = self
             .config
@@ -275,6 +288,7 @@ impl Daemon {
                 refs: 1,
                 path: target.clone(),
                 blobs: desc.blobs.iter().map(|b| b.digest).collect(),
+                bytes,
             },
         );
         Ok((target, bytes))

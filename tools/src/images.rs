@@ -189,9 +189,8 @@ pub fn tag(store: &Store, a: TagArgs) -> Result<()> {
     let t = TagName::parse(&a.tag)?;
     let digest = match resolve(store, &a.reference)? {
         Resolved::Image(d, _) => d,
-        Resolved::Layer(d, l) => {
+        Resolved::Layer(d, _) => {
             let (_, m) = resolve_image(store, &d.to_string())?;
-            let _ = l;
             store.put_manifest(&m)?
         }
     };
