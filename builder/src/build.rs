@@ -393,9 +393,30 @@ fn finish(
             chunks: b.toc.chunks.len() as u64,
         });
     }
+    // Figures, and which nodes are reachable (a replaced file's chunks must not pull in a parent blob).
+    stats.entries = tree.entry_count();
+    stats.new_chunks = packed.new_chunks;
+    stats.new_bytes = packed.new_bytes;
+    let mut seen = vec![false; tree.nodes.len()];
+    let mut stack = vec![0usize];
+    while let Some(id) = stack.pop() {
+        if std::mem::replace(&mut seen[id], true) {
+            continue;
+        }
+        match &tree.nodes[id].kind {
+            NodeKind::Dir(c) => stack.extend(c.values().copied()),
+            NodeKind::File { size, .. } => {
+                stats.files += 1;
+                stats.file_bytes += size;
+            }
+            k if k.is_whiteout() => stats.whiteouts += 1,
+            _ => {}
+        }
+    }
+
     let mut used = vec![false; parent_blobs.len()];
-    for (_, _, d) in &packed.refs {
-        if let Some(d) = d {
+    for (node, _, d) in &packed.refs {
+        if let (true, Some(d)) = (seen[*node], d) {
             if !packed.placed.contains_key(d) {
                 if let Some((i, _)) = parent_chunks.get(d) {
                     used[*i] = true;
@@ -436,27 +457,6 @@ fn finish(
     };
     let chunk_bits = opts.chunk_size.trailing_zeros() as u8;
     let image = erofs::write_image(tree, &devices, chunk_bits, &resolve)?;
-
-    // Figures.
-    stats.entries = tree.entry_count();
-    stats.new_chunks = packed.new_chunks;
-    stats.new_bytes = packed.new_bytes;
-    let mut seen = vec![false; tree.nodes.len()];
-    let mut stack = vec![0usize];
-    while let Some(id) = stack.pop() {
-        if std::mem::replace(&mut seen[id], true) {
-            continue;
-        }
-        match &tree.nodes[id].kind {
-            NodeKind::Dir(c) => stack.extend(c.values().copied()),
-            NodeKind::File { size, .. } => {
-                stats.files += 1;
-                stats.file_bytes += size;
-            }
-            k if k.is_whiteout() => stats.whiteouts += 1,
-            _ => {}
-        }
-    }
 
     // Store in dependency order: blob, metadata, descriptor.
     if let Some(b) = &packed.blob {

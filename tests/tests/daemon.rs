@@ -208,7 +208,7 @@ fn s3_lazy_reads_survive_a_store_outage_within_the_deadline() {
         "EIO took {:?}",
         t.elapsed()
     );
-    // SAFETY: drop the page cache so the cached read goes through the daemon's chunk cache.
+    // Drop the page cache so that the cached read goes through the daemon's chunk cache.
     std::fs::write("/proc/sys/vm/drop_caches", "3").ok();
     assert_eq!(
         std::fs::read(root.join("data/a.bin")).expect("cached read with store down"),
@@ -251,23 +251,16 @@ fn corrupted_blob_gives_eio_never_wrong_bytes() {
     let r = std::fs::read(Path::new(&rootfs).join("data/x.bin"));
     let err = r.expect_err("corrupt data was served");
     assert_eq!(err.raw_os_error(), Some(libc::EIO));
-    let metrics = std::process::Command::new("curl")
-        .args([
-            "-s",
-            "--unix-socket",
-            d.socket.to_str().expect("utf8"),
-            "http://stratad/metrics",
-        ])
-        .output();
-    if let Ok(m) = metrics {
-        let text = String::from_utf8_lossy(&m.stdout);
-        if !text.is_empty() {
-            assert!(
-                text.contains("strata_errors_total{kind=\"corrupt\"}"),
-                "{text}"
-            );
-        }
-    }
+    // The failure is counted, through the control socket's /metrics.
+    let client = strata_fs::api::Client {
+        socket: d.socket.clone(),
+    };
+    let metrics = client.call("GET", "/metrics", None).expect("GET /metrics");
+    let text = metrics.as_str().expect("metrics are text");
+    assert!(
+        text.contains("strata_errors_total{kind=\"corrupt\"}"),
+        "{text}"
+    );
 }
 
 #[test]
