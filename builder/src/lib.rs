@@ -14,5 +14,6 @@ pub mod tree;
 pub use error::BuildError;
 pub mod build;
 pub mod chunker;
+pub mod flatten;
 
 pub use build::{build_dir, build_tar, build_with, BuildOptions, BuiltLayer};

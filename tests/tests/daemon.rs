@@ -8,30 +8,6 @@ use std::time::{Duration, Instant};
 use strata_tests::proxy::Proxy;
 use strata_tests::*;
 
-fn can_mount() -> bool {
-    let ok = is_root() && kernel_has_erofs() && Path::new("/dev/fuse").exists();
-    if !ok {
-        eprintln!("SKIP: needs root, kernel EROFS and /dev/fuse");
-    }
-    ok
-}
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s).unwrap_or_else(|e| panic!("bad JSON {s:?}: {e}"))
-}
-
-fn random_bytes(n: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2654435761) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
-}
-
 fn build_image(store: &StoreEnv, tag: &str, files: &[(&str, Vec<u8>)]) {
     let src = scratch("img");
     busybox_rootfs(src.path());
