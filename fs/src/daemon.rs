@@ -102,6 +102,16 @@ impl DaemonError {
     }
 }
 
+/// Gives directory `dir` the owner, permissions and modification time of directory `from`.
+fn root_attrs(from: &Path, dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(from)?;
+    std::os::unix::fs::chown(dir, Some(m.uid()), Some(m.gid()))?;
+    std::fs::set_permissions(dir, m.permissions())?;
+    let f = std::fs::File::open(dir)?;
+    f.set_times(std::fs::FileTimes::new().set_modified(m.modified()?))
+}
+
 fn io(path: &Path, source: std::io::Error) -> DaemonError {
     DaemonError::Io {
         path: path.to_path_buf(),
@@ -360,9 +370,15 @@ impl Daemon {
             .join("sandboxes")
             .join(id)
             .join("rootfs");
+        let fresh = !upper.exists();
         let made = [&upper, &work, &rootfs]
             .iter()
             .try_for_each(|p| std::fs::create_dir_all(p).map_err(|e| io(p, e)));
+        // The overlay's root shows the upper directory's attributes: a new one takes the image's.
+        let made = match (made, lowers.last()) {
+            (Ok(()), Some(top)) if fresh => root_attrs(top, &upper).map_err(|e| io(&upper, e)),
+            (r, _) => r,
+        };
         lowers.reverse(); // overlay wants the top layer first
         let mounted = made.and_then(|_| {
             mount::mount_overlay(&lowers, &upper, &work, &rootfs).map_err(DaemonError::from)
