@@ -31,7 +31,7 @@ use strata_registry::store::{Store, StoreError, TagState};
 use crate::exit::{NotFound, Usage};
 use crate::freeze::Frozen;
 use crate::images::{human, resolve_image};
-use crate::layers::with_progress;
+use crate::layers::{add_labels, with_progress};
 use crate::view::View;
 
 /// Arguments of `pack_diff` / `strata pack-diff`.
@@ -169,16 +169,6 @@ fn in_layer(layer: &Path, path: &[u8]) -> bool {
     }
 }
 
-fn labels(opts: &mut BuildOptions, given: &[String]) -> Result<()> {
-    for l in given {
-        let (k, v) = l
-            .split_once('=')
-            .ok_or_else(|| Usage(format!("label {l:?} is not KEY=VALUE")))?;
-        opts.labels.insert(k.to_string(), v.to_string());
-    }
-    Ok(())
-}
-
 /// Refuses to move an existing tag unless forced; returns the state to compare-and-swap against.
 fn tag_state(store: &Store, tag: &TagName, force: bool) -> Result<Option<TagState>> {
     let prev = store.tag_get(tag)?;
@@ -214,7 +204,7 @@ pub fn pack_diff(store: &Store, socket: &Path, a: PackDiffArgs) -> Result<()> {
         opts.labels
             .insert("strata.pack_diff.sandbox".into(), id.clone());
     }
-    labels(&mut opts, &a.labels)?;
+    add_labels(&mut opts, &a.labels)?;
 
     // Each whiteout must hide an entry of the image: looked up in the sandbox's layer mounts (metadata
     // already on this node), else in the image's layers' metadata, read at the first whiteout.
