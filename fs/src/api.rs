@@ -118,6 +118,11 @@ fn handle(d: &Daemon, req: Request) -> (u16, &'static str, Vec<u8>) {
                 Err(e) => error_json(&e),
             })
         }
+        ("POST", ["v1", "trace", "start"]) => json_reply(match d.trace_start() {
+            true => (200, json!({"tracing": true})),
+            false => (409, json!({"error": "a trace is already running"})),
+        }),
+        ("POST", ["v1", "trace", "stop"]) => json_reply((200, json!({"entries": d.trace_stop()}))),
         ("DELETE", ["v1", "sandboxes", id]) => json_reply(match d.remove_sandbox(id) {
             Ok(s) => (200, sandbox_json(d, &s)),
             Err(e) => error_json(&e),

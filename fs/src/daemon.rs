@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
+use strata_prefetch::{PlanEntry, WarmOptions};
 use strata_registry::digest::Digest;
 use strata_registry::model::{Manifest, Reference};
 use strata_registry::store::{Store, StoreError};
@@ -26,6 +27,7 @@ use crate::cache::ChunkCache;
 use crate::fetch::{BlobHandle, Fetcher};
 use crate::metrics::Metrics;
 use crate::mount::{self, MountError};
+use crate::warming::Warming;
 
 /// How the daemon runs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -47,6 +49,12 @@ pub struct Config {
     pub fuse_threads: usize,
     /// A group (gid) allowed to use the control socket and read the blob files, besides root.
     pub group: Option<u32>,
+    /// Warm an image's prefetch plan (if it has one) when a sandbox of it is created.
+    pub prefetch: bool,
+    /// Concurrent prefetch fetches.
+    pub prefetch_threads: usize,
+    /// Prefetch bandwidth cap in bytes per second (0: none).
+    pub prefetch_rate: u64,
 }
 
 impl Default for Config {
@@ -60,6 +68,9 @@ impl Default for Config {
             max_fetch_span: 4 << 20,
             fuse_threads: 8,
             group: None,
+            prefetch: true,
+            prefetch_threads: 4,
+            prefetch_rate: 256 << 20,
         }
     }
 }
@@ -162,6 +173,7 @@ pub struct Daemon {
     /// Serializes mounting new layers (not sandboxes of mounted layers).
     layer_lock: Mutex<()>,
     fuse: Mutex<Option<fuser::BackgroundSession>>,
+    warming: Warming,
 }
 
 fn valid_id(id: &str) -> bool {
@@ -212,7 +224,14 @@ impl Daemon {
         let fuse_dir = config.runtime_dir.join("fuse");
         let session = blobfs::mount(fs, &fuse_dir, config.fuse_threads, config.group)
             .map_err(|e| io(&fuse_dir, e))?;
+        let warm_opts = config.prefetch.then(|| WarmOptions {
+            threads: config.prefetch_threads.max(1),
+            rate: config.prefetch_rate,
+            ..WarmOptions::default()
+        });
+        let warming = Warming::new(store.clone(), table.clone(), fetcher.clone(), warm_opts);
         Ok(Arc::new(Daemon {
+            warming,
             config,
             store,
             metrics,
@@ -403,6 +422,7 @@ impl Daemon {
             image_bytes,
         };
         self.lock().sandboxes.insert(id.to_string(), sb.clone());
+        self.warming.sandbox_created(&manifest);
         Ok(sb)
     }
 
@@ -463,22 +483,39 @@ impl Daemon {
             "cache": {"used": cache.used(), "capacity": cache.capacity(), "chunks": cache.len()},
             "layers": layers,
             "sandboxes": st.sandboxes.len(),
+            "prefetch": self.warming.status(),
+            "trace": self.table.trace.is_on(),
         })
+    }
+
+    /// Starts recording the chunks reads touch (`strata trace`); `false` if a trace already runs.
+    pub fn trace_start(&self) -> bool {
+        self.table.trace.start()
+    }
+
+    /// Stops the trace; returns the chunks touched, first touch first.
+    pub fn trace_stop(&self) -> Vec<PlanEntry> {
+        self.table.trace.stop()
     }
 
     /// Prometheus metrics.
     pub fn render_metrics(&self) -> String {
+        let prefetched = self.warming.totals();
         let cache = self.fetcher.cache();
         let st = self.lock();
         let extra = format!(
             "# HELP strata_cache_bytes Bytes in the chunk cache\n# TYPE strata_cache_bytes gauge\nstrata_cache_bytes {}\n\
              # HELP strata_cache_capacity_bytes Chunk cache bound\n# TYPE strata_cache_capacity_bytes gauge\nstrata_cache_capacity_bytes {}\n\
              # HELP strata_layers_mounted Layers mounted on this node\n# TYPE strata_layers_mounted gauge\nstrata_layers_mounted {}\n\
-             # HELP strata_sandboxes Sandboxes on this node\n# TYPE strata_sandboxes gauge\nstrata_sandboxes {}\n",
+             # HELP strata_sandboxes Sandboxes on this node\n# TYPE strata_sandboxes gauge\nstrata_sandboxes {}\n\
+             # HELP strata_prefetch_chunks_total Chunks fetched by prefetch\n# TYPE strata_prefetch_chunks_total counter\nstrata_prefetch_chunks_total {}\n\
+             # HELP strata_prefetch_bytes_total Bytes fetched by prefetch\n# TYPE strata_prefetch_bytes_total counter\nstrata_prefetch_bytes_total {}\n",
             cache.used(),
             cache.capacity(),
             st.layers.len(),
-            st.sandboxes.len()
+            st.sandboxes.len(),
+            prefetched.0,
+            prefetched.1
         );
         drop(st);
         self.metrics.render(&extra)
@@ -487,6 +524,7 @@ impl Daemon {
     /// Stops: detaches every sandbox rootfs and layer mount, then unmounts the blob server. Processes
     /// still running in a sandbox keep what they have open; reads of data not yet cached fail with EIO.
     pub fn shutdown(&self) {
+        self.warming.stop();
         let ids: Vec<String> = self.lock().sandboxes.keys().cloned().collect();
         for id in ids {
             let _ = self.remove_sandbox(&id);

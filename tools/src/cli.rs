@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
-use crate::{images, layers, node, snapshot, view};
+use crate::{images, layers, node, snapshot, trace, view};
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
@@ -84,6 +84,8 @@ pub enum Cmd {
     PackDiff(snapshot::PackDiffArgs),
     /// Collapse an image's layers (from --from N to the top) into one, applying whiteouts.
     Flatten(snapshot::FlattenArgs),
+    /// Record which chunks a command reads in an image (through stratad), as the image's prefetch plan.
+    Trace(trace::TraceArgs),
     /// Write a layer's metadata and uncompressed blob views so the kernel or fsck.erofs can read it.
     Materialize {
         /// Layer digest, or an image with exactly one layer.
@@ -134,6 +136,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Materialize { layer, dir } => layers::materialize(&store, &layer, &dir),
         Cmd::PackDiff(a) => snapshot::pack_diff(&store, &cli.socket, a),
         Cmd::Flatten(a) => snapshot::flatten(&store, a),
+        Cmd::Trace(a) => trace::trace(&store, &cli.socket, a),
         Cmd::Mount {
             image,
             sandbox,

@@ -13,6 +13,7 @@ mod images;
 mod layers;
 mod node;
 mod snapshot;
+mod trace;
 mod view;
 
 use clap::Parser;

@@ -8,6 +8,7 @@
 //! layers/<hex>.json      layer descriptors
 //! manifests/<hex>.json   image manifests
 //! tags/<name>/<tag>      tags (the text `blake3:<hex>`); a local store serializes updates with tags/.lock
+//! plans/<hex>.json       prefetch plans (content addressed); plans/by-manifest/<hex> names an image's plan
 //! tmp/                   a local store's spool for blobs being written
 //! ```
 //!
@@ -113,6 +114,14 @@ pub mod key {
     pub fn manifest(d: &Digest) -> String {
         format!("manifests/{}.json", d.hex())
     }
+    /// A prefetch plan (content addressed).
+    pub fn plan(d: &Digest) -> String {
+        format!("plans/{}.json", d.hex())
+    }
+    /// The pointer to the prefetch plan of the image with manifest `d` (an index object).
+    pub fn plan_of(manifest: &Digest) -> String {
+        format!("plans/by-manifest/{}", manifest.hex())
+    }
 }
 
 /// A tag's current value and version, for a later compare-and-swap.
@@ -197,6 +206,21 @@ impl Store {
             return Ok(());
         }
         self.backend.put(key, Bytes::from(data))
+    }
+
+    /// Writes a small index object (not content addressed: an `oci/` import record), replacing what was
+    /// there. Index objects are hints: a reader checks what one names before using it.
+    pub fn put_index(&self, key: &str, data: Vec<u8>) -> Result<(), StoreError> {
+        self.backend.put(key, Bytes::from(data))
+    }
+
+    /// Reads an index object; `None` when there is none.
+    pub fn get_index(&self, key: &str) -> Result<Option<Bytes>, StoreError> {
+        match self.backend.get(key) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Reads a whole object and checks it against `digest`.
