@@ -446,6 +446,22 @@ impl Daemon {
         Ok(sb)
     }
 
+    /// [`Daemon::remove_sandbox`], then deletes its upper and work directories (and their directory if
+    /// that is left empty): for sandboxes nothing runs in any more and that will not be packed.
+    pub fn purge_sandbox(&self, id: &str) -> Result<Sandbox, DaemonError> {
+        let sb = self.remove_sandbox(id)?;
+        for d in [&sb.upper, &sb.work] {
+            match std::fs::remove_dir_all(d) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(d, e)),
+                _ => {}
+            }
+        }
+        if let Some(base) = sb.upper.parent() {
+            let _ = std::fs::remove_dir(base);
+        }
+        Ok(sb)
+    }
+
     /// Every sandbox.
     pub fn sandboxes(&self) -> Vec<Sandbox> {
         self.lock().sandboxes.values().cloned().collect()

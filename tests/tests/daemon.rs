@@ -96,9 +96,21 @@ fn sandboxes_share_layers_and_run_bwrap_and_runc() {
     );
     assert_eq!(String::from_utf8_lossy(&o.stdout), "ID=strata-test\n");
 
-    for sb in ["sb1", "sb2", "sb3"] {
+    for sb in ["sb1", "sb3"] {
         d.ok(&["umount", "--sandbox", sb]);
     }
+    assert!(
+        upper.exists(),
+        "umount without --purge keeps the upper directory"
+    );
+    let up2 = ps["sandboxes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["id"] == "sb2"))
+        .and_then(|s| s["upper"].as_str())
+        .map(std::path::PathBuf::from)
+        .expect("sb2 upper");
+    d.ok(&["umount", "--sandbox", "sb2", "--purge"]);
+    assert!(!up2.exists(), "--purge left {}", up2.display());
     let ps = json(&d.ok(&["ps", "--json"]));
     assert_eq!(ps["status"]["layers"].as_array().map(|l| l.len()), Some(0));
     let o = d.strata(&["umount", "--sandbox", "sb1"]);

@@ -63,10 +63,13 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Remove a sandbox's rootfs (its upper directory stays).
+    /// Remove a sandbox's rootfs (its upper directory stays, for pack_diff, unless --purge).
     Umount {
         #[arg(long)]
         sandbox: String,
+        /// Also delete its upper and work directories (nothing must run in it; it cannot be packed after).
+        #[arg(long)]
+        purge: bool,
     },
     /// Sandboxes, layers mounted, bytes fetched against image size, cache use.
     Ps {
@@ -143,7 +146,7 @@ pub fn run(cli: Cli) -> Result<()> {
             upper,
             json,
         } => node::mount(&cli.socket, &image, &sandbox, upper.as_deref(), json),
-        Cmd::Umount { sandbox } => node::umount(&cli.socket, &sandbox),
+        Cmd::Umount { sandbox, purge } => node::umount(&cli.socket, &sandbox, purge),
         Cmd::Ps { json } => node::ps(&cli.socket, json),
         Cmd::Bundle {
             image,

@@ -4,7 +4,7 @@
 //! Through stratad: a trace is started (one at a time per node), the page cache is dropped so that every
 //! read reaches the blob server (`--keep-caches` skips that, at the cost of an incomplete trace), a
 //! sandbox of the image is mounted and CMD runs in it under bubblewrap with the image's environment and
-//! working directory; then the sandbox is removed (its upper directory too), the trace stopped, the
+//! working directory; then the sandbox is purged (its upper directory too), the trace stopped, the
 //! entries kept to the image's own blobs and stored as the image's plan ([`strata_prefetch::Plan`]). From
 //! then on, every node that creates a sandbox of the image warms the plan in the background. The plan is
 //! stored even when CMD fails (a failing run still says what a start reads); the exit status says so.
@@ -142,11 +142,8 @@ pub fn trace(store: &Store, socket: &Path, a: TraceArgs) -> Result<()> {
     )?;
     let rootfs = PathBuf::from(sb["rootfs"].as_str().unwrap_or_default());
     let code = run_in(&rootfs, &manifest.config, &a.command);
-    let removed = client.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    let removed = client.call("DELETE", &format!("/v1/sandboxes/{id}?purge=1"), None);
     let entries = guard.stop()?;
-    if let Some(dir) = sb["upper"].as_str().and_then(|u| Path::new(u).parent()) {
-        let _ = std::fs::remove_dir_all(dir);
-    }
     removed?;
     let code = code?;
     let entries: Vec<PlanEntry> = entries
