@@ -25,6 +25,7 @@ use strata_registry::store::{Store, StoreError};
 use crate::blobfs::{self, BlobFs, BlobTable};
 use crate::cache::ChunkCache;
 use crate::fetch::{BlobHandle, Fetcher};
+use crate::metadir;
 use crate::metrics::Metrics;
 use crate::mount::{self, MountError};
 use crate::warming::Warming;
@@ -55,6 +56,8 @@ pub struct Config {
     pub prefetch_threads: usize,
     /// Prefetch bandwidth cap in bytes per second (0: none).
     pub prefetch_rate: u64,
+    /// Bound of the metadata kept on disk for layers no longer mounted (least recently used go first).
+    pub metadata_cache_size: u64,
 }
 
 impl Default for Config {
@@ -71,6 +74,7 @@ impl Default for Config {
             prefetch: true,
             prefetch_threads: 4,
             prefetch_rate: 256 << 20,
+            metadata_cache_size: 4 << 30,
         }
     }
 }
@@ -290,7 +294,9 @@ impl Daemon {
             .join("layers")
             .join(format!("{}.erofs", d.hex()));
         let intact = std::fs::read(&meta_path).is_ok_and(|b| desc.meta.digest.matches(&b));
-        if !intact {
+        if intact {
+            metadir::touch(&meta_path);
+        } else {
             let image = self.store.get_meta(&desc.meta.digest)?;
             let tmp = meta_path.with_extension("tmp");
             std::fs::write(&tmp, &image).map_err(|e| io(&tmp, e))?;
@@ -341,6 +347,12 @@ impl Daemon {
                 tracing::warn!(error = %e, "releasing layer");
             }
             let _ = std::fs::remove_dir(&p);
+            let mounted = self.lock().layers.keys().map(Digest::hex).collect();
+            let dir = self.config.state_dir.join("layers");
+            let (files, bytes) = metadir::trim(&dir, &mounted, self.config.metadata_cache_size);
+            if files > 0 {
+                tracing::info!(files, bytes, "layer metadata trimmed to its bound");
+            }
         }
     }
 

@@ -12,6 +12,7 @@ pub mod blobfs;
 pub mod cache;
 pub mod daemon;
 pub mod fetch;
+pub mod metadir;
 pub mod metrics;
 pub mod mount;
 pub mod warming;

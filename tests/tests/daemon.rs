@@ -308,3 +308,33 @@ fn cache_bound_holds_under_a_larger_working_set() {
         std::fs::write("/proc/sys/vm/drop_caches", "3").ok();
     }
 }
+
+#[test]
+fn layer_metadata_of_released_layers_is_trimmed_to_its_bound() {
+    if !can_mount() {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    build_image(&store, "md:v1", &[("x.bin", random_bytes(1 << 20, 3))]);
+    let d = Daemon::start(&store, &["--metadata-cache-size", "1"]);
+    let layers = d.state.path().join("layers");
+    let count = || {
+        std::fs::read_dir(&layers)
+            .expect("layers dir")
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "erofs"))
+            })
+            .count()
+    };
+    d.ok(&["mount", "md:v1", "--sandbox", "m1"]);
+    assert_eq!(count(), 1, "metadata of a mounted layer is on disk");
+    d.ok(&["umount", "--sandbox", "m1", "--purge"]);
+    assert_eq!(count(), 0, "metadata over the bound kept after release");
+    let r = d.ok(&["mount", "md:v1", "--sandbox", "m2"]);
+    assert!(
+        Path::new(&r).join("data/x.bin").exists(),
+        "remount after trim"
+    );
+}

@@ -48,6 +48,9 @@ struct Args {
     /// Prefetch bandwidth cap per second, e.g. 256M (0: none).
     #[arg(long)]
     prefetch_rate: Option<String>,
+    /// Bound of the metadata kept for layers no longer mounted, e.g. 4G.
+    #[arg(long)]
+    metadata_cache_size: Option<String>,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -101,6 +104,9 @@ fn load(args: &Args) -> Result<Config> {
     }
     if let Some(n) = args.fuse_threads {
         c.fuse_threads = n;
+    }
+    if let Some(s) = &args.metadata_cache_size {
+        c.metadata_cache_size = parse_size(s)?;
     }
     if args.no_prefetch {
         c.prefetch = false;
