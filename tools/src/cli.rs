@@ -87,6 +87,8 @@ pub enum Cmd {
     PackDiff(snapshot::PackDiffArgs),
     /// Collapse an image's layers (from --from N to the top) into one, applying whiteouts.
     Flatten(snapshot::FlattenArgs),
+    /// Delete store objects no tag reaches (older than --grace).
+    Gc(images::GcArgs),
     /// Record which chunks a command reads in an image (through stratad), as the image's prefetch plan.
     Trace(trace::TraceArgs),
     /// Write a layer's metadata and uncompressed blob views so the kernel or fsck.erofs can read it.
@@ -140,6 +142,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::PackDiff(a) => snapshot::pack_diff(&store, &cli.socket, a),
         Cmd::Flatten(a) => snapshot::flatten(&store, a),
         Cmd::Trace(a) => trace::trace(&store, &cli.socket, a),
+        Cmd::Gc(a) => images::gc(&store, a),
         Cmd::Mount {
             image,
             sandbox,

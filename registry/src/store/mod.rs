@@ -301,6 +301,23 @@ impl Store {
         Ok((d, stored))
     }
 
+    /// The metadata object `d` is stored as a patch against: `Some(base)` for a patch.
+    pub fn meta_base(&self, d: &Digest) -> Result<Option<Digest>, StoreError> {
+        let key = key::meta(d);
+        match self.backend.head(&key)? {
+            Some(n) if n >= 48 => {
+                let b = self.get_range(&key, 0..40)?;
+                if &b[..8] != META_PATCH_MAGIC {
+                    return Ok(None);
+                }
+                let mut bd = [0u8; 32];
+                bd.copy_from_slice(&b[8..40]);
+                Ok(Some(Digest(bd)))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// True if the stored metadata object `d` is a patch against another.
     fn meta_is_patch(&self, d: &Digest) -> Result<bool, StoreError> {
         let key = key::meta(d);
@@ -438,6 +455,16 @@ impl Store {
     /// Keys under a prefix.
     pub fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         self.backend.list(prefix)
+    }
+
+    /// Objects under a prefix: key, size, last modified (Unix seconds).
+    pub fn list_info(&self, prefix: &str) -> Result<Vec<(String, u64, i64)>, StoreError> {
+        self.backend.list_info(prefix)
+    }
+
+    /// Deletes an object (garbage collection only: objects are otherwise never deleted).
+    pub fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.backend.delete(key)
     }
 
     /// The current value of a tag.
