@@ -46,7 +46,7 @@ fn collects(store: &StoreEnv) {
     );
     for t in ["x:v1", "x:v2"] {
         assert_eq!(store.ok(&["cat", t, "/small"]), "v2");
-        assert_eq!(store.ok(&["cat", t, "/a.bin"]).len() > 0, true);
+        assert!(!store.ok(&["cat", t, "/a.bin"]).is_empty());
     }
     let again = json(&store.ok(&["gc", "--grace", "0s", "--json"]));
     assert_eq!(again["deleted"].as_u64(), Some(0), "{again}");

@@ -255,17 +255,11 @@ impl Backend {
 
     /// Keys under a prefix (recursive).
     pub fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        let p = Path::from(prefix);
-        self.rt.block_on(async {
-            let mut out = Vec::new();
-            let mut s = self.store.list(Some(&p));
-            while let Some(item) = s.next().await {
-                let m = item.map_err(|e| self.err(prefix, e))?;
-                out.push(m.location.to_string());
-            }
-            out.sort();
-            Ok(out)
-        })
+        Ok(self
+            .list_info(prefix)?
+            .into_iter()
+            .map(|(k, _, _)| k)
+            .collect())
     }
 
     /// Keys under a prefix (recursive) with their sizes and last-modified times (Unix seconds).
