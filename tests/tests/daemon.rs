@@ -338,3 +338,62 @@ fn layer_metadata_of_released_layers_is_trimmed_to_its_bound() {
         "remount after trim"
     );
 }
+
+/// Runs `cmd` as uid and gid 65534 (nobody, nogroup); true if it succeeded.
+fn as_nobody(cmd: &[&str]) -> bool {
+    std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(cmd)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("setpriv (util-linux)")
+        .success()
+}
+
+#[test]
+fn control_socket_and_blob_files_are_root_only_unless_a_group_is_allowed() {
+    if !can_mount() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    build_image(&store, "acl:v1", &[("x.bin", random_bytes(1 << 20, 4))]);
+    for (extra, allowed) in [(&[][..], false), (&["--group", "65534"][..], true)] {
+        let d = Daemon::start(&store, extra);
+        d.ok(&["mount", "acl:v1", "--sandbox", "a1"]);
+        // Let nobody reach the runtime directory, so that only the daemon's own modes decide.
+        for p in [d.state.path(), d.runtime.as_path()] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        let blobs = d.runtime.join("fuse/blobs");
+        let blob = std::fs::read_dir(&blobs)
+            .expect("blob dir")
+            .next()
+            .expect("one blob")
+            .expect("entry")
+            .path();
+        let socket = d.socket.to_str().expect("utf8").to_string();
+        let read = as_nobody(&["head", "-c", "1", blob.to_str().expect("utf8")]);
+        let status = "http://stratad/v1/status";
+        let talk = as_nobody(&["curl", "-sf", "--unix-socket", &socket, status]);
+        assert_eq!(
+            read,
+            allowed,
+            "nobody reading {} (group {allowed})",
+            blob.display()
+        );
+        assert_eq!(
+            talk, allowed,
+            "nobody connecting to the control socket (group {allowed})"
+        );
+        let mode = std::fs::metadata(&d.socket)
+            .expect("socket")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, if allowed { 0o660 } else { 0o600 });
+    }
+}
