@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
-use crate::{images, layers, node, view};
+use crate::{images, import, layers, node, view};
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
@@ -80,6 +80,8 @@ pub enum Cmd {
         sandbox: String,
         dir: PathBuf,
     },
+    /// Import an OCI image layout (oci:DIR[:REF]) or docker save archive (docker-archive:FILE[:REF]).
+    Import(import::ImportArgs),
     /// Write a layer's metadata and uncompressed blob views so the kernel or fsck.erofs can read it.
     Materialize {
         /// Layer digest, or an image with exactly one layer.
@@ -103,6 +105,7 @@ pub fn run(cli: Cli) -> Result<()> {
             json,
         } => view::ls(&store, &reference, &path, json),
         Cmd::Cat { reference, path } => view::cat(&store, &reference, &path),
+        Cmd::Import(a) => import::import(&store, a),
         Cmd::Materialize { layer, dir } => layers::materialize(&store, &layer, &dir),
         Cmd::Mount {
             image,

@@ -50,7 +50,7 @@ pub struct BuildArgs {
 }
 
 /// Shows bytes processed on standard error while `f` runs, if standard error is a terminal.
-fn with_progress<T>(
+pub(crate) fn with_progress<T>(
     counter: std::sync::Arc<std::sync::atomic::AtomicU64>,
     f: impl FnOnce() -> T,
 ) -> T {

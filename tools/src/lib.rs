@@ -9,6 +9,7 @@ pub mod cli;
 pub mod daemon;
 mod exit;
 mod images;
+mod import;
 mod layers;
 mod node;
 mod view;

@@ -8,6 +8,7 @@
 //! layers/<hex>.json      layer descriptors
 //! manifests/<hex>.json   image manifests
 //! tags/<name>/<tag>      tags (the text `blake3:<hex>`); a local store serializes updates with tags/.lock
+//! oci/<sha256>/<pos>     import records: the layer made from an OCI layer (diff ID), `bottom` or `upper`
 //! tmp/                   a local store's spool for blobs being written
 //! ```
 //!
@@ -113,6 +114,11 @@ pub mod key {
     pub fn manifest(d: &Digest) -> String {
         format!("manifests/{}.json", d.hex())
     }
+    /// The layer imported from the OCI layer with uncompressed digest `sha256:<diff_id_hex>`, as the
+    /// bottom of an image (`bottom`: no whiteouts) or above other layers (`upper`).
+    pub fn oci_import(diff_id_hex: &str, position: &str) -> String {
+        format!("oci/{diff_id_hex}/{position}")
+    }
 }
 
 /// A tag's current value and version, for a later compare-and-swap.
@@ -197,6 +203,21 @@ impl Store {
             return Ok(());
         }
         self.backend.put(key, Bytes::from(data))
+    }
+
+    /// Writes a small index object (not content addressed: an `oci/` import record), replacing what was
+    /// there. Index objects are hints: a reader checks what one names before using it.
+    pub fn put_index(&self, key: &str, data: Vec<u8>) -> Result<(), StoreError> {
+        self.backend.put(key, Bytes::from(data))
+    }
+
+    /// Reads an index object; `None` when there is none.
+    pub fn get_index(&self, key: &str) -> Result<Option<Bytes>, StoreError> {
+        match self.backend.get(key) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Reads a whole object and checks it against `digest`.

@@ -1,0 +1,154 @@
+//! Directories an OCI layer implies keep the metadata the layers below give them.
+//!
+//! A layer tar need not hold an entry for every parent directory of its members: `umoci`, for one,
+//! writes `etc/.wh.foo` without an `etc/` entry when only `etc/foo` was deleted. Applied the OCI way
+//! (extracting over the lower layers) such a parent keeps its existing mode, owner, times and xattrs.
+//! Under overlay, though, a directory's attributes come from the topmost layer that has it: if the strata
+//! layer held it with the builder's implied metadata (0755, root, epoch 0), that would replace the real
+//! metadata in the merged view. So [`FillParents`] sits between the tar source and the builder of a
+//! non-bottom layer and, before the first entry under a directory the source has not described, emits
+//! that directory with the metadata the merged lower layers show ([`LowerView::dir_meta`]; the root
+//! included). A later entry for the same directory in the tar still wins, as it replaces the metadata.
+
+use std::collections::HashSet;
+
+use strata_registry::digest::Digest;
+use strata_registry::store::Store;
+
+use crate::erofs::{ErofsImage, Inode};
+use crate::error::BuildError;
+use crate::source::{Entry, EntryKind, EntrySink, FileSource};
+use crate::tree::{Meta, OPAQUE_XATTR, S_IFDIR, S_IFMT};
+
+/// The lower layers' metadata images, top first.
+pub(super) struct LowerView {
+    layers: Vec<ErofsImage>,
+}
+
+fn erofs(e: crate::erofs::ErofsError) -> BuildError {
+    BuildError::Erofs(format!("reading a lower layer's metadata: {e}"))
+}
+
+fn opaque(i: &Inode) -> bool {
+    i.xattrs.iter().any(|(k, v)| k == OPAQUE_XATTR && v == b"y")
+}
+
+/// What one layer says about a path.
+enum Seen {
+    /// A directory: its metadata.
+    Dir(Meta),
+    /// Hidden or not a directory here: a whiteout, a non-directory on the way, an opaque parent.
+    Stop,
+    /// Not in this layer: look below.
+    Absent,
+}
+
+impl LowerView {
+    /// Loads the metadata of `layers` (top first).
+    pub(super) fn open(store: &Store, layers: &[Digest]) -> Result<LowerView, BuildError> {
+        let mut out = Vec::new();
+        for d in layers {
+            let desc = store.get_layer(d)?;
+            out.push(ErofsImage::parse(store.get_meta(&desc.meta.digest)?).map_err(erofs)?);
+        }
+        Ok(LowerView { layers: out })
+    }
+
+    /// The metadata of the directory at `path` in the merged lower layers, if it is a directory there.
+    pub(super) fn dir_meta(&self, path: &[u8]) -> Result<Option<Meta>, BuildError> {
+        for image in &self.layers {
+            match seen(image, path).map_err(erofs)? {
+                Seen::Dir(m) => return Ok(Some(m)),
+                Seen::Stop => return Ok(None),
+                Seen::Absent => {}
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn seen(image: &ErofsImage, path: &[u8]) -> Result<Seen, crate::erofs::ErofsError> {
+    let mut cur = image.inode(image.root_nid())?;
+    for comp in path.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
+        let found = image.read_dir(&cur)?.into_iter().find(|e| e.name == comp);
+        let Some(e) = found else {
+            return Ok(if opaque(&cur) {
+                Seen::Stop
+            } else {
+                Seen::Absent
+            });
+        };
+        cur = image.inode(e.nid)?;
+        // A whiteout, a file or a symlink: nothing below shows a directory here.
+        if cur.mode & S_IFMT != S_IFDIR {
+            return Ok(Seen::Stop);
+        }
+    }
+    let mut xattrs = cur.xattrs.clone();
+    xattrs.retain(|(k, _)| k != OPAQUE_XATTR);
+    xattrs.sort();
+    Ok(Seen::Dir(Meta {
+        perm: cur.mode & 0o7777,
+        uid: cur.uid,
+        gid: cur.gid,
+        mtime: cur.mtime,
+        mtime_nsec: cur.mtime_nsec,
+        xattrs,
+    }))
+}
+
+/// The sink adapter (see the module documentation).
+pub(super) struct FillParents<'a> {
+    pub inner: &'a mut dyn EntrySink,
+    pub lower: &'a LowerView,
+    /// Directories described by the source or already filled in.
+    known: HashSet<Vec<u8>>,
+}
+
+impl<'a> FillParents<'a> {
+    pub(super) fn new(inner: &'a mut dyn EntrySink, lower: &'a LowerView) -> FillParents<'a> {
+        FillParents {
+            inner,
+            lower,
+            known: HashSet::new(),
+        }
+    }
+
+    fn fill(&mut self, dir: &[u8]) -> Result<(), BuildError> {
+        if !self.known.insert(dir.to_vec()) {
+            return Ok(());
+        }
+        if let Some(meta) = self.lower.dir_meta(dir)? {
+            let entry = Entry {
+                path: dir.to_vec(),
+                meta,
+                kind: EntryKind::Dir,
+            };
+            self.inner.add(entry, None)?;
+        }
+        Ok(())
+    }
+}
+
+impl EntrySink for FillParents<'_> {
+    fn add(&mut self, entry: Entry, data: Option<FileSource<'_>>) -> Result<(), BuildError> {
+        let path = entry.path.clone();
+        // Every proper ancestor, the root first; an opaque marker also implies its directory.
+        let ends = path.iter().enumerate().filter(|(_, &b)| b == b'/');
+        let mut ancestors: Vec<&[u8]> = Vec::new();
+        if !path.is_empty() {
+            ancestors.push(&path[..0]);
+        }
+        ancestors.extend(ends.map(|(i, _)| &path[..i]));
+        if entry.kind == EntryKind::Opaque && !path.is_empty() {
+            ancestors.push(&path[..]);
+        }
+        for dir in ancestors {
+            self.fill(dir)?;
+        }
+        if entry.kind == EntryKind::Dir {
+            self.known.insert(path);
+        }
+        self.inner.add(entry, data)
+    }
+}
