@@ -14,8 +14,9 @@
 //! against them and its metadata is stored as a patch against the layer just below; its whiteouts stay.
 //! Each layer carries the label `org.opencontainers.image.diff_id=sha256:…`.
 //!
-//! Directories a layer implies without describing them take their metadata from the layers below
-//! ([`parents`]), as extracting the layer over them would leave it.
+//! Directories a layer implies without describing them take their metadata from the layers below, and
+//! whiteouts below a path the layer replaces with a non-directory are dropped ([`parents`]): both as
+//! extracting the layer over the layers below would leave them.
 //!
 //! **Reuse.** After a layer is stored, the import record `oci/<diff-id hex>/<bottom|upper>` (a text
 //! `blake3:<layer digest>`) is written. A later import of a layer with the same diff ID in the same
@@ -97,14 +98,10 @@ pub fn import_layers(
                 opts.parents = done.iter().rev().map(|l| l.digest).collect();
                 opts.labels
                     .insert(DIFF_ID_LABEL.to_string(), layer.diff_id.to_string());
-                let built = if bottom {
-                    build_with(store, opts, |sink| read_layer(layer, sink))?
-                } else {
-                    let lower = LowerView::open(store, &opts.parents)?;
-                    build_with(store, opts, |sink| {
-                        read_layer(layer, &mut FillParents::new(sink, &lower))
-                    })?
-                };
+                let lower = LowerView::open(store, &opts.parents)?;
+                let built = build_with(store, opts, |sink| {
+                    read_layer(layer, &mut FillParents::new(sink, &lower))
+                })?;
                 store.put_index(&record, format!("{}\n", built.digest).into_bytes())?;
                 ImportedLayer {
                     number: layer.number,
@@ -218,7 +215,7 @@ fn read_layer(layer: &OciLayer, sink: &mut dyn EntrySink) -> Result<(), BuildErr
     let raw = Hashing::new(layer.open()?);
     let parsed = tar::open_stream(Box::new(raw.clone())).and_then(|stream| {
         let plain = Hashing::new(stream);
-        tar::read_tar(plain.clone(), sink)?;
+        tar::read_tar_verified(plain.clone(), sink)?;
         Ok(plain)
     });
     // The blob first: a corrupt blob is reported as such even when its tar failed to parse.

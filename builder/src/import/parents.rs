@@ -9,6 +9,11 @@
 //! non-bottom layer and, before the first entry under a directory the source has not described, emits
 //! that directory with the metadata the merged lower layers show ([`LowerView::dir_meta`]; the root
 //! included). A later entry for the same directory in the tar still wins, as it replaces the metadata.
+//!
+//! The same adapter drops whiteouts and opaque markers below a path this layer holds as a non-directory:
+//! `umoci repack` writes `repl` (now a file) and then `repl/.wh.child` (its old content). Extracted, the
+//! whiteout fails harmlessly (`ENOTDIR`); the new file already hides everything below it. Kept, it would
+//! turn `repl` back into a directory.
 
 use std::collections::HashSet;
 
@@ -103,6 +108,8 @@ pub(super) struct FillParents<'a> {
     pub lower: &'a LowerView,
     /// Directories described by the source or already filled in.
     known: HashSet<Vec<u8>>,
+    /// Paths the source gave as non-directories.
+    nondirs: HashSet<Vec<u8>>,
 }
 
 impl<'a> FillParents<'a> {
@@ -111,6 +118,7 @@ impl<'a> FillParents<'a> {
             inner,
             lower,
             known: HashSet::new(),
+            nondirs: HashSet::new(),
         }
     }
 
@@ -140,14 +148,26 @@ impl EntrySink for FillParents<'_> {
             ancestors.push(&path[..0]);
         }
         ancestors.extend(ends.map(|(i, _)| &path[..i]));
+        let marker = matches!(entry.kind, EntryKind::Whiteout | EntryKind::Opaque);
         if entry.kind == EntryKind::Opaque && !path.is_empty() {
             ancestors.push(&path[..]);
+        }
+        if marker && ancestors.iter().any(|a| self.nondirs.contains(*a)) {
+            tracing::debug!(path = %String::from_utf8_lossy(&path), "whiteout below a non-directory: dropped");
+            return Ok(());
         }
         for dir in ancestors {
             self.fill(dir)?;
         }
-        if entry.kind == EntryKind::Dir {
-            self.known.insert(path);
+        match entry.kind {
+            EntryKind::Dir => {
+                self.nondirs.remove(&path);
+                self.known.insert(path);
+            }
+            EntryKind::Whiteout | EntryKind::Opaque => {}
+            _ => {
+                self.nondirs.insert(path);
+            }
         }
         self.inner.add(entry, data)
     }

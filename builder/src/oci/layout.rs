@@ -99,12 +99,11 @@ pub(super) fn open(
         let what = format!("layer {}", i + 1);
         let d = parse_digest(&what, &l.digest)?;
         blob_bytes += l.size;
-        layers.push((
-            Some(l.media_type.clone()),
-            Some(d),
-            Some(l.size),
-            blob(dir, &d),
-        ));
+        // Every blob is there with its size before anything is built: a missing one fails the import
+        // before the layers below it are stored.
+        let loc = blob(dir, &d);
+        drop(loc.open(&what, &l.digest, Some(l.size))?);
+        layers.push((Some(l.media_type.clone()), Some(d), Some(l.size), loc));
     }
     let (cfg, layers) = assemble(&config_bytes, layers)?;
     Ok(OciImage {

@@ -87,6 +87,21 @@ pub fn open_stream(mut reader: Box<dyn Read + Send>) -> Result<Box<dyn Read + Se
 
 /// Reads a (decompressed) tar stream and hands every member to `sink` (see the module documentation).
 pub fn read_tar(reader: impl Read, sink: &mut dyn EntrySink) -> Result<(), BuildError> {
+    read_tar_checked(reader, sink, false)
+}
+
+/// [`read_tar`] for a stream whose completeness the caller checks itself (an OCI layer, verified
+/// against its digests): a stream that ends at a member boundary without the end-of-archive block is
+/// accepted. Some writers leave the block out (`umoci insert` does); Go's and GNU tar readers accept it.
+pub fn read_tar_verified(reader: impl Read, sink: &mut dyn EntrySink) -> Result<(), BuildError> {
+    read_tar_checked(reader, sink, true)
+}
+
+fn read_tar_checked(
+    reader: impl Read,
+    sink: &mut dyn EntrySink,
+    verified: bool,
+) -> Result<(), BuildError> {
     let tap = RefCell::new(Tap {
         recording: true,
         ..Tap::default()
@@ -105,7 +120,7 @@ pub fn read_tar(reader: impl Read, sink: &mut dyn EntrySink) -> Result<(), Build
         let entry = item.map_err(|e| state.stream_error(e))?;
         state.member(entry, sink)?;
     }
-    state.finish(&mut archive.into_inner())
+    state.finish(&mut archive.into_inner(), verified)
 }
 
 /// What the tap saw of the input.
@@ -377,13 +392,13 @@ impl State<'_> {
     }
 
     /// After the end-of-archive block: checks the input did not just stop, then reads it to its end.
-    fn finish(&self, input: &mut impl Read) -> Result<(), BuildError> {
+    fn finish(&self, input: &mut impl Read, verified: bool) -> Result<(), BuildError> {
         let (eof, pos) = {
             let mut tap = self.tap.borrow_mut();
             (tap.recording, tap.window) = (false, Vec::new());
             (tap.eof, tap.pos)
         };
-        if eof {
+        if eof && !verified {
             return Err(
                 self.stream_error("truncated: the stream ends without the end-of-archive block")
             );
