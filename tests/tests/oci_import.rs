@@ -1,0 +1,715 @@
+//! `strata import` against images written by a tool we did not write.
+//!
+//! `umoci` builds a multi-layer OCI image: a first layer with every kind of entry ([`generate_tree`]: hard
+//! links, symlinks, devices, a fifo, `user.`/`trusted.`/`security.` xattrs, setuid and sticky bits, owners,
+//! large, sparse and many files, long and non-UTF-8 names, a deep tree), a
+//! second made by `umoci repack` from a changed rootfs (deleted files and directories, a directory
+//! replaced by a file and the reverse, a rewritten large file, changed modes), a third from
+//! `umoci insert --opaque` (an opaque directory) and a fourth from `umoci insert --whiteout`. The strata
+//! import, mounted by the node daemon (kernel EROFS layers under overlay), is compared entry by entry with
+//! the rootfs `umoci unpack` extracts from the same image, and the runtime config `strata bundle` writes
+//! with the one `umoci unpack` writes. Also: a `docker save` archive of the same image, reuse of imported
+//! layers, platform choice in a nested multi-platform index, zstd layers, an S3 store, and bad input.
+//!
+//! The layout surgery (a docker archive, a broken manifest, an extra layer) is done by a small Python
+//! helper ([`HELPER`]) that rewrites blobs and the digests that name them, as a hostile writer would.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use strata_tests::*;
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("bad JSON {s:?}: {e}"))
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf8 path")
+}
+
+fn have_umoci() -> bool {
+    let ok = Command::new("umoci")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("SKIP: umoci is not installed (scripts/setup installs it)");
+    }
+    ok
+}
+
+fn can_mount() -> bool {
+    let ok = is_root() && kernel_has_erofs() && Path::new("/dev/fuse").exists();
+    if !ok {
+        eprintln!("SKIP mount comparison: needs root, kernel EROFS and /dev/fuse");
+    }
+    ok
+}
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let o = Command::new(cmd).args(args).output().expect(cmd);
+    assert!(
+        o.status.success(),
+        "{cmd} {args:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        stderr(&o)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Layout surgery: `python3 -c HELPER CMD LAYOUT REF ARGS...`.
+const HELPER: &str = r#"
+import gzip, hashlib, io, json, os, shutil, subprocess, sys, tarfile
+cmd, L, ref = sys.argv[1], sys.argv[2], sys.argv[3]
+args = sys.argv[4:]
+def path(d): return os.path.join(L, 'blobs', 'sha256', d.split(':', 1)[1])
+def read(d): return open(path(d), 'rb').read()
+def put(data):
+    d = 'sha256:' + hashlib.sha256(data).hexdigest()
+    open(path(d), 'wb').write(data)
+    return d, len(data)
+idx = json.load(open(os.path.join(L, 'index.json')))
+i = [n for n, m in enumerate(idx['manifests'])
+     if m.get('annotations', {}).get('org.opencontainers.image.ref.name') == ref][0]
+man = json.loads(read(idx['manifests'][i]['digest']))
+cfg = json.loads(read(man['config']['digest']))
+def save(desc_list=None):
+    man['config']['digest'], man['config']['size'] = put(json.dumps(cfg).encode())
+    idx['manifests'][i]['digest'], idx['manifests'][i]['size'] = put(json.dumps(man).encode())
+    json.dump(idx, open(os.path.join(L, 'index.json'), 'w'))
+def uncompressed(n):
+    data = read(man['layers'][n]['digest'])
+    return gzip.decompress(data) if data[:2] == b'\x1f\x8b' else data
+if cmd == 'media-type':
+    man['layers'][int(args[0])]['mediaType'] = args[1]; save()
+elif cmd == 'diff-id':
+    cfg['rootfs']['diff_ids'][int(args[0])] = 'sha256:' + '0' * 64; save()
+elif cmd == 'add-tar':
+    data = open(args[0], 'rb').read()
+    d, n = put(gzip.compress(data))
+    man['layers'].append({'mediaType': 'application/vnd.oci.image.layer.v1.tar+gzip', 'digest': d, 'size': n})
+    cfg['rootfs']['diff_ids'].append('sha256:' + hashlib.sha256(data).hexdigest()); save()
+elif cmd == 'zstd':
+    for n, l in enumerate(man['layers']):
+        z = subprocess.run(['zstd', '-q', '-c'], input=uncompressed(n), capture_output=True, check=True).stdout
+        l['digest'], l['size'] = put(z)
+        l['mediaType'] = 'application/vnd.oci.image.layer.v1.tar+zstd'
+    save()
+elif cmd == 'platforms':
+    # A nested index: the image as linux/arm64 and as linux/amd64 (their configs differ only there).
+    descs = []
+    for arch in ['arm64', 'amd64']:
+        cfg['architecture'] = arch
+        m = dict(man); m['config'] = dict(man['config'])
+        m['config']['digest'], m['config']['size'] = put(json.dumps(cfg).encode())
+        d, n = put(json.dumps(m).encode())
+        descs.append({'mediaType': 'application/vnd.oci.image.manifest.v1+json', 'digest': d, 'size': n,
+                      'platform': {'os': 'linux', 'architecture': arch}})
+    d, n = put(json.dumps({'schemaVersion': 2, 'mediaType': 'application/vnd.oci.image.index.v1+json',
+                           'manifests': descs}).encode())
+    idx['manifests'][i] = {'mediaType': 'application/vnd.oci.image.index.v1+json', 'digest': d, 'size': n,
+                           'annotations': {'org.opencontainers.image.ref.name': ref}}
+    json.dump(idx, open(os.path.join(L, 'index.json'), 'w'))
+elif cmd == 'docker-archive':
+    out, tag = args
+    with tarfile.open(out, 'w') as t:
+        def add(name, data):
+            ti = tarfile.TarInfo(name); ti.size = len(data); t.addfile(ti, io.BytesIO(data))
+        cfg_bytes = read(man['config']['digest'])
+        cfg_name = man['config']['digest'].split(':')[1] + '.json'
+        layers = []
+        for n in range(len(man['layers'])):
+            layers.append('%d/layer.tar' % n); add(layers[-1], uncompressed(n))
+        add(cfg_name, cfg_bytes)
+        add('manifest.json', json.dumps([{'Config': cfg_name, 'RepoTags': [tag], 'Layers': layers}]).encode())
+else:
+    sys.exit('unknown command ' + cmd)
+"#;
+
+fn helper(layout: &Path, reference: &str, args: &[&str]) {
+    let mut full = vec!["-c", HELPER, args[0], s(layout), reference];
+    full.extend_from_slice(&args[1..]);
+    run("python3", &full);
+}
+
+/// The first layer's rootfs: every kind of entry and metadata ([`generate_tree`]; a tar holds no
+/// sockets), and what the later layers delete or replace.
+fn first_layer(r: &Path) {
+    generate_tree(r);
+    std::fs::remove_file(r.join("var/sock")).expect("rm socket");
+    for (rel, data) in [
+        ("data/gone/a", &b"to be deleted"[..]),
+        ("data/gone/sub/b", b"to be deleted too"),
+        ("data/keep", b"kept"),
+        ("opq/old", b"hidden by an opaque directory"),
+        ("opq/sub/old2", b"hidden too"),
+        ("repl/child", b"a directory that becomes a file"),
+        ("f2d", b"a file that becomes a directory"),
+    ] {
+        let p = r.join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&p, data).expect("write");
+    }
+}
+
+/// The second layer: deletions, replacements, rewrites, metadata changes, new hard links.
+fn second_layer(r: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::remove_dir_all(r.join("data/gone")).expect("rm");
+    std::fs::remove_file(r.join("etc/link-abs")).expect("rm");
+    std::fs::remove_dir_all(r.join("repl")).expect("rm");
+    std::fs::write(r.join("repl"), b"now a file").expect("write");
+    std::fs::remove_file(r.join("f2d")).expect("rm");
+    std::fs::create_dir_all(r.join("f2d")).expect("mkdir");
+    std::fs::write(r.join("f2d/inside"), b"now a directory").expect("write");
+    let mut big = std::fs::read(r.join("usr/lib/big.bin")).expect("read");
+    big[1_500_000..1_500_100].fill(0x5a);
+    std::fs::write(r.join("usr/lib/big.bin"), &big).expect("write");
+    std::fs::set_permissions(
+        r.join("etc/small.conf"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .expect("chmod");
+    std::fs::create_dir_all(r.join("new")).expect("mkdir");
+    std::fs::write(r.join("new/a"), vec![b'n'; 5000]).expect("write");
+    std::fs::hard_link(r.join("new/a"), r.join("new/b")).expect("link");
+    xattr::set(r.join("usr/share"), "user.changed", b"yes").expect("xattr");
+}
+
+/// Builds the umoci image `L:t` in `work/L`; returns the layout path.
+fn umoci_image(work: &Path) -> PathBuf {
+    let layout = work.join("L");
+    let bundle = work.join("B");
+    let image = format!("{}:t", s(&layout));
+    run("umoci", &["init", "--layout", s(&layout)]);
+    run("umoci", &["new", "--image", &image]);
+    run("umoci", &["unpack", "--image", &image, s(&bundle)]);
+    let rootfs = bundle.join("rootfs");
+    first_layer(&rootfs);
+    run(
+        "umoci",
+        &["repack", "--refresh-bundle", "--image", &image, s(&bundle)],
+    );
+    second_layer(&rootfs);
+    run(
+        "umoci",
+        &["repack", "--refresh-bundle", "--image", &image, s(&bundle)],
+    );
+    let opq = work.join("opq-src");
+    std::fs::create_dir_all(opq.join("fresh-dir")).expect("mkdir");
+    std::fs::write(opq.join("fresh"), b"only this is left").expect("write");
+    run(
+        "umoci",
+        &["insert", "--image", &image, "--opaque", s(&opq), "/opq"],
+    );
+    run(
+        "umoci",
+        &["insert", "--image", &image, "--whiteout", "/usr/share/doc"],
+    );
+    run(
+        "umoci",
+        &[
+            "config",
+            "--image",
+            &image,
+            "--config.env",
+            "FOO=bar",
+            "--config.env",
+            "PATH=/usr/bin:/bin",
+            "--config.entrypoint",
+            "/bin/sh",
+            "--config.cmd",
+            "-c",
+            "--config.cmd",
+            "echo hi",
+            "--config.workingdir",
+            "/data",
+            "--config.user",
+            "1000:1000",
+            "--config.label",
+            "org.example.kind=test",
+        ],
+    );
+    layout
+}
+
+/// The rootfs and runtime config `umoci unpack` makes of `layout:reference`.
+fn umoci_unpack(work: &Path, layout: &Path, reference: &str) -> PathBuf {
+    let out = work.join(format!("unpacked-{reference}"));
+    run(
+        "umoci",
+        &[
+            "unpack",
+            "--image",
+            &format!("{}:{reference}", s(layout)),
+            s(&out),
+        ],
+    );
+    out
+}
+
+/// Mounts `image` through a daemon on `store` and compares it with `expected` entry by entry.
+fn compare_mounted(store: &StoreEnv, image: &str, expected: &Path, bundle_config: Option<&Path>) {
+    let d = Daemon::start(store, &["--cache-size", "1G"]);
+    let rootfs = d.ok(&["mount", image, "--sandbox", "cmp"]);
+    let mut want = snapshot(expected);
+    let mut got = snapshot(Path::new(&rootfs));
+    // Overlay shows the root directory's times from the sandbox's upper directory (made at mount).
+    for snap in [&mut want, &mut got] {
+        if let Some(root) = snap.get_mut(&b""[..]) {
+            root.mtime = (0, 0);
+        }
+    }
+    let diffs = diff(&want, &got);
+    assert!(
+        diffs.is_empty(),
+        "{image} differs from umoci's rootfs:\n{}",
+        diffs.join("\n")
+    );
+    if let Some(umoci_config) = bundle_config {
+        let dir = scratch("bundle");
+        d.ok(&["bundle", image, "--sandbox", "bundle", s(dir.path())]);
+        let ours = json(&std::fs::read_to_string(dir.path().join("config.json")).expect("read"));
+        let theirs = json(&std::fs::read_to_string(umoci_config).expect("read"));
+        for field in ["args", "cwd", "user"] {
+            assert_eq!(
+                ours["process"][field], theirs["process"][field],
+                "process.{field}"
+            );
+        }
+        let env = |v: &serde_json::Value| {
+            let mut e: Vec<String> = v["process"]["env"]
+                .as_array()
+                .expect("env")
+                .iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .filter(|x| !x.starts_with("TERM=") && !x.starts_with("HOME="))
+                .collect();
+            e.sort();
+            e
+        };
+        assert_eq!(env(&ours), env(&theirs), "process.env");
+    }
+}
+
+fn import_json(store: &StoreEnv, args: &[&str]) -> serde_json::Value {
+    let mut full = vec!["import"];
+    full.extend_from_slice(args);
+    full.push("--json");
+    json(&store.ok(&full))
+}
+
+/// A umoci image in a scratch directory and an empty local store.
+struct Fixture {
+    work: tempfile::TempDir,
+    layout: PathBuf,
+    sdir: tempfile::TempDir,
+    store: StoreEnv,
+}
+
+/// The fixture, or `None` (after saying why) when umoci is missing.
+fn fixture(label: &str) -> Option<Fixture> {
+    if !have_umoci() {
+        return None;
+    }
+    let work = scratch(label);
+    let layout = umoci_image(work.path());
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    Some(Fixture {
+        work,
+        layout,
+        sdir,
+        store,
+    })
+}
+
+#[test]
+fn umoci_image_imports_as_umoci_unpacks_it() {
+    let Some(Fixture {
+        work,
+        layout,
+        sdir,
+        store,
+    }) = fixture("oci-umoci")
+    else {
+        return;
+    };
+    let unpacked = umoci_unpack(work.path(), &layout, "t");
+    let src = format!("oci:{}:t", s(&layout));
+    let out = import_json(&store, &[&src, "-t", "umoci/img:v1"]);
+    let layers = out["layers"].as_array().expect("layers");
+    assert_eq!(layers.len(), 4, "{out}");
+    assert_eq!(
+        layers[0]["whiteouts"], 0,
+        "the bottom layer holds whiteouts"
+    );
+    assert!(layers[1]["whiteouts"].as_u64().expect("n") >= 2, "{out}");
+    assert!(layers.iter().all(|l| l["reused"] == false));
+    // Dedup against the layers below: layer 2 rewrote 100 bytes of a 3 MiB file.
+    let l1 = layers[0]["stored_bytes"].as_u64().expect("n");
+    let l2 = layers[1]["stored_bytes"].as_u64().expect("n");
+    assert!(l2 * 3 < l1, "layer 2 stored {l2} bytes, layer 1 {l1}");
+    let insp = json(&store.ok(&["inspect", "umoci/img:v1", "--json"]));
+    let cfg = &insp["manifest"]["config"];
+    assert_eq!(cfg["working_dir"], "/data");
+    assert_eq!(cfg["user"], "1000:1000");
+    assert_eq!(cfg["labels"]["org.example.kind"], "test");
+    assert_eq!(
+        insp["layers"][1]["labels"]["org.opencontainers.image.diff_id"],
+        layers[1]["diff_id"]
+    );
+
+    // The comparison is not vacuous: umoci's rootfs has what the layers say.
+    let want = snapshot(&unpacked.join("rootfs"));
+    let tool = &want[&b"usr/bin/tool"[..]];
+    assert_eq!(tool.xattrs, [(b"trusted.note".to_vec(), b"t".to_vec())]);
+    assert_eq!(tool.mode, 0o104755);
+    let sgid = &want[&b"usr/bin/sgid"[..]].xattrs;
+    assert_eq!(sgid[0].0, b"security.capability");
+    assert_eq!(
+        want[&b"new/b"[..]].link_group.as_deref(),
+        Some(&b"new/a"[..])
+    );
+    assert_eq!(want[&b"dev-blk"[..]].rdev, libc::makedev(259, 70000));
+    assert_eq!(want[&b"var/sparse.img"[..]].size, 5 << 20);
+    assert!(want[&b"repl"[..]].content.is_some(), "repl is a file");
+    assert!(want.contains_key(&b"opq/fresh-dir"[..]));
+    for gone in ["opq/old", "data/gone", "etc/link-abs", "usr/share/doc"] {
+        assert!(!want.contains_key(gone.as_bytes()), "{gone} is still there");
+    }
+    if can_mount() {
+        compare_mounted(
+            &store,
+            "umoci/img:v1",
+            &unpacked.join("rootfs"),
+            Some(&unpacked.join("config.json")),
+        );
+    }
+
+    // Importing again reuses every layer and stores nothing.
+    let files_before = walkdir::WalkDir::new(sdir.path()).into_iter().count();
+    let again = import_json(&store, &[&src, "-t", "umoci/img:again"]);
+    assert_eq!(again["digest"], out["digest"], "same image, same manifest");
+    assert_eq!(again["stored_bytes"], 0);
+    assert!(again["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .all(|l| l["reused"] == true));
+    let files_after = walkdir::WalkDir::new(sdir.path()).into_iter().count();
+    assert_eq!(
+        files_before + 1,
+        files_after,
+        "only the new tag was written"
+    );
+
+    // An image on top of it: the shared layers are reused, only the new one is built.
+    let bundle = work.path().join("B2");
+    let image = format!("{}:t", s(&layout));
+    run("umoci", &["unpack", "--image", &image, s(&bundle)]);
+    std::fs::write(bundle.join("rootfs/data/added"), b"layer five").expect("write");
+    run(
+        "umoci",
+        &[
+            "repack",
+            "--image",
+            &format!("{}:t2", s(&layout)),
+            s(&bundle),
+        ],
+    );
+    let derived = import_json(
+        &store,
+        &[&format!("oci:{}:t2", s(&layout)), "-t", "umoci/img:v2"],
+    );
+    let reused: Vec<bool> = derived["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .map(|l| l["reused"].as_bool().expect("bool"))
+        .collect();
+    assert_eq!(reused, [true, true, true, true, false]);
+    assert_eq!(
+        store.ok(&["cat", "umoci/img:v2", "/data/added"]),
+        "layer five"
+    );
+}
+
+#[test]
+fn docker_archive_and_zstd_layers_round_trip() {
+    let Some(Fixture {
+        work,
+        layout,
+        sdir: _sdir,
+        store,
+    }) = fixture("oci-docker")
+    else {
+        return;
+    };
+    let unpacked = umoci_unpack(work.path(), &layout, "t");
+    let archive = work.path().join("image.tar");
+    helper(
+        &layout,
+        "t",
+        &["docker-archive", s(&archive), "example/umoci:v1"],
+    );
+    let src = format!("docker-archive:{}:example/umoci:v1", s(&archive));
+    let out = import_json(&store, &[&src, "-t", "docker/img:v1"]);
+    assert_eq!(out["layers"].as_array().expect("layers").len(), 4);
+    assert!(out["oci_manifest"].is_null());
+    if can_mount() {
+        compare_mounted(&store, "docker/img:v1", &unpacked.join("rootfs"), None);
+    }
+    // The same image from the layout: same diff IDs, so every layer is reused.
+    let from_layout = import_json(
+        &store,
+        &[&format!("oci:{}:t", s(&layout)), "-t", "docker/img:layout"],
+    );
+    assert_eq!(from_layout["stored_bytes"], 0, "{from_layout}");
+    let m = |t: &str| json(&store.ok(&["inspect", t, "--json"]))["manifest"]["config"].clone();
+    assert_eq!(m("docker/img:v1"), m("docker/img:layout"));
+
+    // zstd-compressed layers: same diff IDs (reused), and in a fresh store the same tree.
+    helper(&layout, "t", &["zstd"]);
+    let zsrc = format!("oci:{}:t", s(&layout));
+    let z = import_json(&store, &[&zsrc, "-t", "docker/img:zstd"]);
+    assert_eq!(z["stored_bytes"], 0, "{z}");
+    let fresh_dir = scratch("store");
+    let fresh = StoreEnv::local(fresh_dir.path());
+    let z = import_json(&fresh, &[&zsrc, "-t", "zstd/img:v1"]);
+    assert!(z["stored_bytes"].as_u64().expect("n") > 0);
+    assert_eq!(
+        fresh.ok(&["cat", "zstd/img:v1", "/opq/fresh"]),
+        "only this is left"
+    );
+}
+
+#[test]
+fn platform_is_chosen_from_a_nested_index() {
+    let Some(Fixture {
+        work: _work,
+        layout,
+        sdir: _sdir,
+        store,
+    }) = fixture("oci-platform")
+    else {
+        return;
+    };
+    helper(&layout, "t", &["platforms"]);
+    let src = format!("oci:{}:t", s(&layout));
+    let platform_of = |tag: &str| {
+        json(&store.ok(&["inspect", tag, "--json"]))["manifest"]["annotations"]
+            ["org.strata.oci.platform"]
+            .clone()
+    };
+    let host = if cfg!(target_arch = "aarch64") {
+        "linux/arm64"
+    } else {
+        "linux/amd64"
+    };
+    import_json(&store, &[&src, "-t", "p:default"]);
+    assert_eq!(platform_of("p:default"), host);
+    import_json(&store, &[&src, "-t", "p:arm", "--platform", "linux/arm64"]);
+    assert_eq!(platform_of("p:arm"), "linux/arm64");
+    let o = store.run(&["import", &src, "-t", "p:s390x", "--platform", "linux/s390x"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("linux/s390x") && stderr(&o).contains("linux/arm64"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn s3_store_import() {
+    if !have_umoci() {
+        return;
+    }
+    let Some(server) = S3Server::start("oci") else {
+        return;
+    };
+    let work = scratch("oci-s3");
+    let layout = umoci_image(work.path());
+    let store = server.store("oci", "imports");
+    let src = format!("oci:{}:t", s(&layout));
+    let out = import_json(&store, &[&src, "-t", "s3/img:v1"]);
+    assert!(out["stored_bytes"].as_u64().expect("n") > 0);
+    assert_eq!(
+        store.ok(&["cat", "s3/img:v1", "/f2d/inside"]),
+        "now a directory"
+    );
+    let o = store.run(&["cat", "s3/img:v1", "/data/gone/a"]);
+    assert_eq!(o.status.code(), Some(3), "a deleted file is visible");
+    let again = import_json(&store, &[&src, "-t", "s3/img:v2"]);
+    assert_eq!(again["stored_bytes"], 0, "{again}");
+}
+
+/// Asserts a failed import left no tag and no manifest.
+fn nothing_referenced(store: &StoreEnv, dir: &Path, tag: &str) {
+    let o = store.run(&["inspect", tag]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let manifests = std::fs::read_dir(dir.join("manifests"))
+        .map(|r| r.count())
+        .unwrap_or(0);
+    assert_eq!(manifests, 0, "a failed import wrote a manifest");
+}
+
+#[test]
+fn bad_oci_sources_are_refused_clearly() {
+    if !have_umoci() {
+        return;
+    }
+    let work = scratch("oci-bad");
+    let pristine = umoci_image(work.path());
+    let copy = |name: &str| {
+        let dst = work.path().join(name);
+        run("cp", &["-a", s(&pristine), s(&dst)]);
+        dst
+    };
+    let manifest_of = |l: &Path| -> serde_json::Value {
+        let idx = json(&std::fs::read_to_string(l.join("index.json")).expect("index"));
+        let d = idx["manifests"][0]["digest"].as_str().expect("digest");
+        let p = l.join("blobs/sha256").join(&d[7..]);
+        json(&std::fs::read_to_string(p).expect("manifest"))
+    };
+    let layer_blob = |l: &Path, n: usize| {
+        let d = manifest_of(l)["layers"][n]["digest"]
+            .as_str()
+            .expect("digest")
+            .to_string();
+        (l.join("blobs/sha256").join(&d[7..]), d)
+    };
+
+    // (layout, expected exit code, what the message must name)
+    let mut cases: Vec<(String, PathBuf, i32, Vec<String>)> = Vec::new();
+
+    let l = copy("missing");
+    let (blob, digest) = layer_blob(&l, 1);
+    std::fs::remove_file(&blob).expect("rm");
+    cases.push((
+        "missing blob".into(),
+        l,
+        5,
+        vec!["layer 2".into(), digest, "missing".into()],
+    ));
+
+    let l = copy("flipped");
+    let (blob, digest) = layer_blob(&l, 0);
+    let mut b = std::fs::read(&blob).expect("read");
+    let mid = b.len() / 2;
+    b[mid] ^= 0x40;
+    std::fs::write(&blob, b).expect("write");
+    cases.push((
+        "flipped byte".into(),
+        l,
+        5,
+        vec!["layer 1".into(), "digest mismatch".into(), digest],
+    ));
+
+    let l = copy("config");
+    let cfg = manifest_of(&l)["config"]["digest"]
+        .as_str()
+        .expect("d")
+        .to_string();
+    let p = l.join("blobs/sha256").join(&cfg[7..]);
+    let text = std::fs::read_to_string(&p)
+        .expect("config")
+        .replace("FOO=bar", "FOO=baz");
+    std::fs::write(&p, text).expect("write");
+    cases.push((
+        "edited config".into(),
+        l,
+        5,
+        vec!["config".into(), "digest mismatch".into(), cfg],
+    ));
+
+    let l = copy("diffid");
+    helper(&l, "t", &["diff-id", "2"]);
+    cases.push((
+        "wrong diff ID".into(),
+        l,
+        5,
+        vec!["layer 3 diff ID".into(), "digest mismatch".into()],
+    ));
+
+    let l = copy("media");
+    helper(
+        &l,
+        "t",
+        &[
+            "media-type",
+            "1",
+            "application/vnd.oci.image.layer.v1.tar+bzip2",
+        ],
+    );
+    cases.push((
+        "media type".into(),
+        l,
+        1,
+        vec![
+            "unsupported media type".into(),
+            "layer 2".into(),
+            "bzip2".into(),
+        ],
+    ));
+
+    let l = copy("dotdot");
+    let evil = work.path().join("evil.tar");
+    run(
+        "python3",
+        &[
+            "-c",
+            "import tarfile, io, sys\nwith tarfile.open(sys.argv[1], 'w') as t:\n    for n in ['ok', '../../etc/evil']:\n        ti = tarfile.TarInfo(n); ti.size = 1; t.addfile(ti, io.BytesIO(b'x'))\n",
+            s(&evil),
+        ],
+    );
+    helper(&l, "t", &["add-tar", s(&evil)]);
+    cases.push((
+        "dot-dot path".into(),
+        l,
+        5,
+        vec!["../../etc/evil".into(), "unsafe".into()],
+    ));
+
+    let l = copy("noref");
+    cases.push((
+        "unknown ref".into(),
+        l.clone(),
+        3,
+        vec!["nope".into(), "t".into()],
+    ));
+
+    for (name, layout, code, needles) in &cases {
+        let sdir = scratch("store");
+        let store = StoreEnv::local(sdir.path());
+        let reference = if name == "unknown ref" { "nope" } else { "t" };
+        let o = store.run(&[
+            "import",
+            &format!("oci:{}:{reference}", s(layout)),
+            "-t",
+            "bad:x",
+        ]);
+        assert_eq!(o.status.code(), Some(*code), "{name}: {}", stderr(&o));
+        for n in needles {
+            assert!(
+                stderr(&o).contains(n.as_str()),
+                "{name}: {n:?} not in {}",
+                stderr(&o)
+            );
+        }
+        nothing_referenced(&store, sdir.path(), "bad:x");
+    }
+    // Missing source, bad source syntax.
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let o = store.run(&["import", "oci:/nonexistent/layout", "-t", "bad:x"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let o = store.run(&["import", "/just/a/path", "-t", "bad:x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("oci:DIR"), "{}", stderr(&o));
+}
