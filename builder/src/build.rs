@@ -21,8 +21,8 @@ use strata_registry::store::Store;
 use crate::chunker::{ChunkData, Pool, PoolOptions, Unit};
 use crate::erofs::{self, ChunkLoc, DeviceSlot};
 use crate::error::BuildError;
-use crate::source::{Entry, EntryKind, EntrySink, FileSource};
-use crate::tree::{FileData, Meta, NodeId, NodeKind, Tree};
+use crate::source::{Entry, EntryKind, EntrySink, Existing, FileSource};
+use crate::tree::{FileData, Meta, NodeId, NodeKind, Tree, OPAQUE_XATTR};
 
 /// Default chunk size: 1 MiB.
 pub const DEFAULT_CHUNK_SIZE: u64 = 1 << 20;
@@ -48,7 +48,20 @@ pub struct BuildOptions {
     pub labels: BTreeMap<String, String>,
     /// Bytes of file data processed so far (for progress displays).
     pub progress: Arc<AtomicU64>,
+    /// The layer will be the bottom of an image: drop whiteouts and opaque markers even when it has
+    /// parents (a flattened image). A base layer without parents is always a bottom layer.
+    pub bottom: bool,
+    /// Store the metadata as a patch against the first parent's when that is smaller (a rebuild). Off for
+    /// layers whose metadata shares little with the parent's (a diff, a flattened layer): fetching and
+    /// diffing the parent's metadata would cost time that grows with the image.
+    pub patch_meta: bool,
+    /// For a layer that is not the bottom: whether the whiteout at a path still hides something below
+    /// (a flattened range keeps only those; see [`Tree::prune_whiteouts`]). `None` keeps them all.
+    pub keep_whiteout: Option<WhiteoutFilter>,
 }
+
+/// See [`BuildOptions::keep_whiteout`].
+pub type WhiteoutFilter = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
 impl BuildOptions {
     /// Defaults for a layer of `kind`.
@@ -62,6 +75,9 @@ impl BuildOptions {
             parents: Vec::new(),
             labels: BTreeMap::new(),
             progress: Arc::new(AtomicU64::new(0)),
+            bottom: false,
+            patch_meta: true,
+            keep_whiteout: None,
         }
     }
 
@@ -250,6 +266,40 @@ impl LayerBuilder {
     }
 }
 
+impl LayerBuilder {
+    /// A file whose chunks are already stored (in a parent layer): no data moves, the digests are
+    /// resolved to the parents' blobs when the layer is sealed.
+    fn add_stored(
+        &mut self,
+        path: &[u8],
+        meta: Meta,
+        size: u64,
+        chunks: Vec<Option<Digest>>,
+    ) -> Result<(), BuildError> {
+        let n = size.div_ceil(self.opts.chunk_size);
+        if n != chunks.len() as u64 {
+            return Err(BuildError::Unsupported {
+                path: String::from_utf8_lossy(path).into_owned(),
+                why: format!(
+                    "{} chunks given for {size} bytes at chunk size {}",
+                    chunks.len(),
+                    self.opts.chunk_size
+                ),
+            });
+        }
+        self.stats.chunks += n;
+        self.tree.insert(
+            path,
+            meta,
+            NodeKind::File {
+                size,
+                data: FileData::Chunks(chunks),
+            },
+        )?;
+        Ok(())
+    }
+}
+
 fn read_exact_stream(r: &mut dyn Read, len: u64, path: &[u8]) -> Result<Vec<u8>, BuildError> {
     let mut buf = vec![0u8; len as usize];
     r.read_exact(&mut buf).map_err(|e| {
@@ -262,6 +312,20 @@ fn read_exact_stream(r: &mut dyn Read, len: u64, path: &[u8]) -> Result<Vec<u8>,
 }
 
 impl EntrySink for LayerBuilder {
+    fn existing(&self, path: &[u8]) -> Existing {
+        match self.tree.lookup(path).map(|id| &self.tree.nodes[id]) {
+            None => Existing::Absent,
+            Some(n) if matches!(n.kind, NodeKind::Dir(_)) => Existing::Dir {
+                opaque: n
+                    .meta
+                    .xattrs
+                    .iter()
+                    .any(|(k, v)| k == OPAQUE_XATTR && v == b"y"),
+            },
+            Some(_) => Existing::Other,
+        }
+    }
+
     fn add(&mut self, entry: Entry, data: Option<FileSource<'_>>) -> Result<(), BuildError> {
         let Entry { path, meta, kind } = entry;
         let node = match kind {
@@ -271,6 +335,9 @@ impl EntrySink for LayerBuilder {
                     why: "regular file without data".into(),
                 })?;
                 return self.add_file(&path, meta, size, data);
+            }
+            EntryKind::StoredFile { size, chunks } => {
+                return self.add_stored(&path, meta, size, chunks);
             }
             EntryKind::HardLink(target) => {
                 self.tree.link(&path, &target)?;
@@ -365,8 +432,10 @@ fn finish(
     opts: &BuildOptions,
     stats: &mut LayerStats,
 ) -> Result<BuiltLayer, BuildError> {
-    if opts.kind == LayerKind::Base && opts.parents.is_empty() {
+    if opts.bottom || (opts.kind == LayerKind::Base && opts.parents.is_empty()) {
         tree.drop_whiteouts();
+    } else if let Some(keep) = &opts.keep_whiteout {
+        tree.prune_whiteouts(keep.as_ref());
     }
     // Fill chunk digests into the tree.
     for (node, index, d) in &packed.refs {
@@ -414,12 +483,30 @@ fn finish(
         }
     }
 
+    // Parent blobs still referenced: by any reachable file's chunk that the new blob does not hold.
     let mut used = vec![false; parent_blobs.len()];
-    for (node, _, d) in &packed.refs {
-        if let (true, Some(d)) = (seen[*node], d) {
-            if !packed.placed.contains_key(d) {
-                if let Some((i, _)) = parent_chunks.get(d) {
-                    used[*i] = true;
+    for (id, node) in tree.nodes.iter().enumerate() {
+        let NodeKind::File {
+            data: FileData::Chunks(chunks),
+            ..
+        } = &node.kind
+        else {
+            continue;
+        };
+        if !seen[id] {
+            continue;
+        }
+        for d in chunks.iter().flatten() {
+            if packed.placed.contains_key(d) {
+                continue;
+            }
+            match parent_chunks.get(d) {
+                Some((i, _)) => used[*i] = true,
+                None => {
+                    return Err(BuildError::Unsupported {
+                        path: format!("inode {id}"),
+                        why: format!("chunk {d} is neither in the new blob nor in a parent layer"),
+                    })
                 }
             }
         }
@@ -464,7 +551,7 @@ fn finish(
         stats.stored_bytes += b.size;
     }
     // A rebuild's metadata is stored as a patch against its (first) parent's.
-    let base = match opts.parents.first() {
+    let base = match opts.parents.first().filter(|_| opts.patch_meta) {
         Some(p) => {
             let d = store.get_layer(p)?.meta.digest;
             Some((d, store.get_meta(&d)?))

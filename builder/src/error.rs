@@ -31,6 +31,8 @@ pub enum BuildError {
     Store(#[from] StoreError),
     #[error("invalid option: {0}")]
     Option(String),
+    #[error("layer {layer}: {why}")]
+    Layer { layer: String, why: String },
     #[error("{0}")]
     Oci(#[from] crate::oci::OciError),
 }

@@ -17,6 +17,7 @@ pub mod tree;
 pub use error::BuildError;
 pub mod build;
 pub mod chunker;
+pub mod flatten;
 pub mod import;
 pub mod oci;
 

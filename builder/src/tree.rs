@@ -345,6 +345,31 @@ impl Tree {
         Ok(id)
     }
 
+    /// Removes the whiteouts for which `keep(path)` is false (they would hide nothing; overlay shows a
+    /// whiteout as a broken entry when its directory exists in one layer only). Returns how many.
+    pub fn prune_whiteouts(&mut self, keep: &dyn Fn(&[u8]) -> bool) -> usize {
+        let mut pruned = 0;
+        let mut stack: Vec<(NodeId, Vec<u8>)> = vec![(0, Vec::new())];
+        while let Some((dir, path)) = stack.pop() {
+            let mut drop = Vec::new();
+            for (name, child) in self.children(dir) {
+                let p = crate::source::join(&path, name);
+                match &self.nodes[child].kind {
+                    NodeKind::Dir(_) => stack.push((child, p)),
+                    k if k.is_whiteout() && !keep(&p) => drop.push(name.to_vec()),
+                    _ => {}
+                }
+            }
+            if let NodeKind::Dir(children) = &mut self.nodes[dir].kind {
+                for name in drop {
+                    children.remove(&name);
+                    pruned += 1;
+                }
+            }
+        }
+        pruned
+    }
+
     /// Removes every whiteout and opaque marker (for the bottom layer of an image, where overlay would
     /// show them as stray entries). Returns how many whiteouts were dropped.
     pub fn drop_whiteouts(&mut self) -> usize {

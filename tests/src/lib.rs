@@ -36,6 +36,11 @@ pub fn strata_bin() -> PathBuf {
     sibling_bin("strata-under-test")
 }
 
+/// Path of the `pack_diff` program built for these tests.
+pub fn pack_diff_bin() -> PathBuf {
+    sibling_bin("pack_diff-under-test")
+}
+
 /// A scratch directory on a disk filesystem (the kernel refuses EROFS metadata on tmpfs or overlayfs).
 pub fn scratch(label: &str) -> tempfile::TempDir {
     let base = Path::new("/var/tmp/strata-tests");
@@ -50,6 +55,33 @@ pub fn scratch(label: &str) -> tempfile::TempDir {
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// True when this test can mount (root, kernel EROFS, /dev/fuse); says why it skips otherwise.
+pub fn can_mount() -> bool {
+    let ok = is_root() && kernel_has_erofs() && Path::new("/dev/fuse").exists();
+    if !ok {
+        eprintln!("SKIP: needs root, kernel EROFS and /dev/fuse");
+    }
+    ok
+}
+
+/// Parses JSON output, naming it on failure.
+pub fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("bad JSON {s:?}: {e}"))
+}
+
+/// `n` incompressible bytes (xorshift), the same for the same seed.
+pub fn random_bytes(n: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2654435761) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
 }
 
 /// True when the kernel has EROFS.

@@ -8,30 +8,6 @@ use std::time::{Duration, Instant};
 use strata_tests::proxy::Proxy;
 use strata_tests::*;
 
-fn can_mount() -> bool {
-    let ok = is_root() && kernel_has_erofs() && Path::new("/dev/fuse").exists();
-    if !ok {
-        eprintln!("SKIP: needs root, kernel EROFS and /dev/fuse");
-    }
-    ok
-}
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s).unwrap_or_else(|e| panic!("bad JSON {s:?}: {e}"))
-}
-
-fn random_bytes(n: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2654435761) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
-}
-
 fn build_image(store: &StoreEnv, tag: &str, files: &[(&str, Vec<u8>)]) {
     let src = scratch("img");
     busybox_rootfs(src.path());
@@ -189,6 +165,31 @@ fn s3_lazy_reads_survive_a_store_outage_within_the_deadline() {
     let rootfs = d.ok(&["mount", "lazy:v1", "--sandbox", "l1"]);
     let root = Path::new(&rootfs);
     assert_eq!(std::fs::read(root.join("data/a.bin")).expect("read a"), a);
+    // bubblewrap and runc run the image's busybox, fetched from S3 on first use.
+    let o = bwrap(root, &["/bin/cat", "/etc/os-release"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "ID=strata-test\n",
+        "{o:?}"
+    );
+    let bdir = scratch("bundle");
+    let bpath = bdir.path().to_str().expect("utf8");
+    d.ok(&["bundle", "lazy:v1", "--sandbox", "l2", bpath]);
+    let cfg_path = bdir.path().join("config.json");
+    let mut cfg = json(&std::fs::read_to_string(&cfg_path).expect("config.json"));
+    cfg["process"]["args"] = serde_json::json!(["/bin/md5sum", "/data/a.bin"]);
+    std::fs::write(&cfg_path, cfg.to_string()).expect("write");
+    let o = std::process::Command::new("runc")
+        .args(["run", "--bundle", bpath, "strata-test-s3-l2"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("runc");
+    assert!(
+        o.status.success(),
+        "runc: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    d.ok(&["umount", "--sandbox", "l2"]);
     // Lazy: far less than the image was fetched.
     let ps = json(&d.ok(&["ps", "--json"]));
     let s = &ps["sandboxes"][0];

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
-use crate::{images, import, layers, node, view};
+use crate::{images, import, layers, node, snapshot, view};
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
@@ -82,12 +82,40 @@ pub enum Cmd {
     },
     /// Import an OCI image layout (oci:DIR[:REF]) or docker save archive (docker-archive:FILE[:REF]).
     Import(import::ImportArgs),
+    /// Pack a sandbox's writable delta (an overlay upper directory) as a diff layer on its image.
+    PackDiff(snapshot::PackDiffArgs),
+    /// Collapse an image's layers (from --from N to the top) into one, applying whiteouts.
+    Flatten(snapshot::FlattenArgs),
     /// Write a layer's metadata and uncompressed blob views so the kernel or fsck.erofs can read it.
     Materialize {
         /// Layer digest, or an image with exactly one layer.
         layer: String,
         dir: PathBuf,
     },
+}
+
+/// The `pack_diff` program: the same as `strata pack-diff`.
+#[derive(Parser)]
+#[command(
+    name = "pack_diff",
+    version,
+    about = "Pack a sandbox's writable delta as a new image layer"
+)]
+pub struct PackDiffCli {
+    /// Store URL: file:///path or s3://bucket/prefix (endpoint and credentials from AWS_* variables).
+    #[arg(long, env = "STRATA_STORE", default_value = DEFAULT_STORE)]
+    pub store: String,
+    /// stratad's control socket.
+    #[arg(long, env = "STRATA_SOCKET", default_value = node::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    #[command(flatten)]
+    pub args: snapshot::PackDiffArgs,
+}
+
+/// Runs `pack_diff`.
+pub fn run_pack_diff(cli: PackDiffCli) -> Result<()> {
+    let store = Store::open(&cli.store).with_context(|| format!("opening store {}", cli.store))?;
+    snapshot::pack_diff(&store, &cli.socket, cli.args)
 }
 
 /// Runs a parsed command line.
@@ -107,6 +135,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Cat { reference, path } => view::cat(&store, &reference, &path),
         Cmd::Import(a) => import::import(&store, a),
         Cmd::Materialize { layer, dir } => layers::materialize(&store, &layer, &dir),
+        Cmd::PackDiff(a) => snapshot::pack_diff(&store, &cli.socket, a),
+        Cmd::Flatten(a) => snapshot::flatten(&store, a),
         Cmd::Mount {
             image,
             sandbox,

@@ -8,17 +8,17 @@
 pub mod cli;
 pub mod daemon;
 mod exit;
+mod freeze;
 mod images;
 mod import;
 mod layers;
 mod node;
+mod snapshot;
 mod view;
 
 use clap::Parser;
 
-/// The `strata` program: parses the command line, runs it, exits with the documented code.
-pub fn main() {
-    let args = cli::Cli::parse();
+fn init_logs() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
@@ -26,8 +26,24 @@ pub fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// The `strata` program: parses the command line, runs it, exits with the documented code.
+pub fn main() {
+    let args = cli::Cli::parse();
+    init_logs();
     if let Err(e) = cli::run(args) {
         eprintln!("strata: error: {e:#}");
+        std::process::exit(exit::code(&e));
+    }
+}
+
+/// The `pack_diff` program (the same as `strata pack-diff`).
+pub fn pack_diff_main() {
+    let args = cli::PackDiffCli::parse();
+    init_logs();
+    if let Err(e) = cli::run_pack_diff(args) {
+        eprintln!("pack_diff: error: {e:#}");
         std::process::exit(exit::code(&e));
     }
 }

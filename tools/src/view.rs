@@ -42,7 +42,7 @@ fn is_opaque(i: &Inode) -> bool {
 }
 
 /// An image's layers, top first.
-struct View {
+pub(crate) struct View {
     layers: Vec<Layer>,
 }
 
@@ -53,7 +53,7 @@ struct Found {
 }
 
 impl View {
-    fn open(store: &Store, reference: &str) -> Result<View> {
+    pub(crate) fn open(store: &Store, reference: &str) -> Result<View> {
         let (_, m) = resolve_image(store, reference)?;
         let mut layers = Vec::new();
         for l in m.layers.iter().rev() {
@@ -78,21 +78,25 @@ impl View {
         Ok(Found { top, dirs })
     }
 
+    /// Whether `path` (relative or absolute, raw bytes) names an entry of the merged view.
+    pub(crate) fn exists(&self, path: &[u8]) -> Result<bool> {
+        Ok(self.lookup(path)?.is_some())
+    }
+
     /// Resolves a path in the merged view.
-    fn lookup(&self, path: &str) -> Result<Option<Found>> {
+    fn lookup(&self, path: &[u8]) -> Result<Option<Found>> {
         let mut cur = self.root()?;
-        for comp in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+        for comp in path
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+        {
             if !is_dir(&cur.top.1) {
                 return Ok(None);
             }
             let mut next: Option<Found> = None;
             for (li, dir) in &cur.dirs {
                 let image = &self.layers[*li].image;
-                let Some(e) = image
-                    .read_dir(dir)?
-                    .into_iter()
-                    .find(|e| e.name == comp.as_bytes())
-                else {
+                let Some(e) = image.read_dir(dir)?.into_iter().find(|e| e.name == comp) else {
                     continue;
                 };
                 let inode = image.inode(e.nid)?;
@@ -209,7 +213,7 @@ fn entry_json(view: &View, name: &[u8], li: usize, i: &Inode) -> Result<serde_js
 pub fn ls(store: &Store, reference: &str, path: &str, json_out: bool) -> Result<()> {
     let view = View::open(store, reference)?;
     let f = view
-        .lookup(path)?
+        .lookup(path.as_bytes())?
         .ok_or_else(|| NotFound(format!("{path}: no such entry in {reference}")))?;
     let entries: Vec<(Vec<u8>, (usize, Inode))> = if is_dir(&f.top.1) {
         view.list(&f)?.into_iter().collect()
@@ -249,7 +253,7 @@ pub fn ls(store: &Store, reference: &str, path: &str, json_out: bool) -> Result<
 pub fn cat(store: &Store, reference: &str, path: &str) -> Result<()> {
     let view = View::open(store, reference)?;
     let f = view
-        .lookup(path)?
+        .lookup(path.as_bytes())?
         .ok_or_else(|| NotFound(format!("{path}: no such entry in {reference}")))?;
     let (li, inode) = &f.top;
     if inode.mode & S_IFMT != 0o100000 {

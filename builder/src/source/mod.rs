@@ -9,11 +9,15 @@
 use std::io::Read;
 use std::path::PathBuf;
 
+use strata_registry::digest::Digest;
+
 use crate::error::BuildError;
 use crate::tree::Meta;
 
 pub mod dir;
+pub mod exclude;
 pub mod tar;
+pub mod upper;
 
 /// One entry of a source.
 #[derive(Debug)]
@@ -43,6 +47,12 @@ pub enum EntryKind {
     },
     Fifo,
     Socket,
+    /// A regular file whose chunks are already stored in one of the build's parent layers (a layer being
+    /// flattened); `None` is a hole. No data accompanies it.
+    StoredFile {
+        size: u64,
+        chunks: Vec<Option<Digest>>,
+    },
     /// An OCI whiteout (`.wh.NAME`): `path` names the hidden entry. Becomes an overlay whiteout.
     Whiteout,
     /// An OCI opaque marker (`.wh..wh..opq`): `path` names the directory made opaque.
@@ -62,6 +72,23 @@ pub enum FileSource<'a> {
 pub trait EntrySink {
     /// One entry; `data` is `Some` exactly for [`EntryKind::File`].
     fn add(&mut self, entry: Entry, data: Option<FileSource<'_>>) -> Result<(), BuildError>;
+
+    /// What the entries given so far placed at `path`, for sources that apply layers onto one another
+    /// (flattening). A sink that keeps no tree answers [`Existing::Absent`].
+    fn existing(&self, _path: &[u8]) -> Existing {
+        Existing::Absent
+    }
+}
+
+/// What stands at a path of the tree a sink has built so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Existing {
+    Absent,
+    Dir {
+        opaque: bool,
+    },
+    /// Anything but a directory (a whiteout too).
+    Other,
 }
 
 /// Joins a relative path and a name with `/`.
