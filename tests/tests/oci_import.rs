@@ -5,8 +5,10 @@
 //! large, sparse and many files, long and non-UTF-8 names, a deep tree), a
 //! second made by `umoci repack` from a changed rootfs (deleted files and directories, a directory
 //! replaced by a file and the reverse, a rewritten large file, changed modes), a third from
-//! `umoci insert --opaque` (an opaque directory) and a fourth from `umoci insert --whiteout`. The strata
-//! import, mounted by the node daemon (kernel EROFS layers under overlay), is compared entry by entry with
+//! `umoci insert --opaque` (an opaque directory), a fourth from `umoci insert --whiteout` and a fifth,
+//! added verbatim, of whiteouts that hide nothing. The strata
+//! import, layer by layer and `--flatten`ed, mounted by the node daemon (kernel EROFS layers under
+//! overlay), is compared entry by entry with
 //! the rootfs `umoci unpack` extracts from the same image, and the runtime config `strata bundle` writes
 //! with the one `umoci unpack` writes. Also: a `docker save` archive of the same image, reuse of imported
 //! layers, platform choice in a nested multi-platform index, zstd layers, an S3 store, and bad input.
@@ -211,6 +213,18 @@ fn umoci_image(work: &Path) -> PathBuf {
         "umoci",
         &["insert", "--image", &image, "--whiteout", "/usr/share/doc"],
     );
+    // A fifth layer, added verbatim: whiteouts that hide nothing (in a directory only this layer has,
+    // and of a name no layer has); overlay would list them as broken entries if they were kept.
+    let ghost = work.join("ghost.tar");
+    run(
+        "python3",
+        &[
+            "-c",
+            "import tarfile, io, sys\nwith tarfile.open(sys.argv[1], 'w') as t:\n    d = tarfile.TarInfo('ghostdir'); d.type = tarfile.DIRTYPE; d.mode = 0o755; t.addfile(d)\n    for n in ['ghostdir/.wh.nothing', 'data/.wh.nonexistent', 'ghostdir/kept']:\n        t.addfile(tarfile.TarInfo(n), io.BytesIO(b''))\n",
+            s(&ghost),
+        ],
+    );
+    run("umoci", &["raw", "add-layer", "--image", &image, s(&ghost)]);
     run(
         "umoci",
         &[
@@ -344,7 +358,11 @@ fn umoci_image_imports_as_umoci_unpacks_it() {
     let src = format!("oci:{}:t", s(&layout));
     let out = import_json(&store, &[&src, "-t", "umoci/img:v1"]);
     let layers = out["layers"].as_array().expect("layers");
-    assert_eq!(layers.len(), 4, "{out}");
+    assert_eq!(layers.len(), 5, "{out}");
+    assert_eq!(
+        layers[4]["whiteouts"], 0,
+        "whiteouts that hide nothing: {out}"
+    );
     assert_eq!(
         layers[0]["whiteouts"], 0,
         "the bottom layer holds whiteouts"
@@ -392,9 +410,25 @@ fn umoci_image_imports_as_umoci_unpacks_it() {
         );
     }
 
+    // --flatten: one layer without whiteouts, the same tree; the layers themselves are reused.
+    let flat = import_json(&store, &[&src, "-t", "umoci/img:flat", "--flatten"]);
+    assert_eq!(flat["flattened"]["whiteouts"], 0, "{flat}");
+    assert!(flat["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .all(|l| l["reused"] == true));
+    let insp = json(&store.ok(&["inspect", "umoci/img:flat", "--json"]));
+    assert_eq!(insp["layers"].as_array().expect("layers").len(), 1);
+    assert_eq!(insp["manifest"]["config"], cfg.clone());
+    if can_mount() {
+        compare_mounted(&store, "umoci/img:flat", &unpacked.join("rootfs"), None);
+    }
+
     // Importing again reuses every layer and stores nothing.
     let files_before = walkdir::WalkDir::new(sdir.path()).into_iter().count();
     let again = import_json(&store, &[&src, "-t", "umoci/img:again"]);
+    assert!(again["flattened"].is_null());
     assert_eq!(again["digest"], out["digest"], "same image, same manifest");
     assert_eq!(again["stored_bytes"], 0);
     assert!(again["layers"]
@@ -433,7 +467,7 @@ fn umoci_image_imports_as_umoci_unpacks_it() {
         .iter()
         .map(|l| l["reused"].as_bool().expect("bool"))
         .collect();
-    assert_eq!(reused, [true, true, true, true, false]);
+    assert_eq!(reused, [true, true, true, true, true, false]);
     assert_eq!(
         store.ok(&["cat", "umoci/img:v2", "/data/added"]),
         "layer five"
@@ -460,7 +494,7 @@ fn docker_archive_and_zstd_layers_round_trip() {
     );
     let src = format!("docker-archive:{}:example/umoci:v1", s(&archive));
     let out = import_json(&store, &[&src, "-t", "docker/img:v1"]);
-    assert_eq!(out["layers"].as_array().expect("layers").len(), 4);
+    assert_eq!(out["layers"].as_array().expect("layers").len(), 5);
     assert!(out["oci_manifest"].is_null());
     if can_mount() {
         compare_mounted(&store, "docker/img:v1", &unpacked.join("rootfs"), None);

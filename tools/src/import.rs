@@ -4,7 +4,9 @@
 //! source fails before anything is stored. Then every layer is imported bottom first
 //! ([`strata_builder::import`]: verified in the same pass, deduplicated against the layers below, reused
 //! when an earlier import made it), the manifest is written with the image config, and the tag is set
-//! last — a failure at any point leaves nothing a tag refers to.
+//! last — a failure at any point leaves nothing a tag refers to. With `--flatten` the imported layers are
+//! then collapsed into one ([`strata_builder::flatten`]: whiteouts applied, chunks referenced, no data
+//! moved) and the image has that one layer; the per-layer imports stay reusable.
 
 use std::io::IsTerminal;
 use std::time::Instant;
@@ -69,13 +71,29 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
             );
         }
     };
+    let mut flattened = None;
     let layers = with_progress(opts.progress.clone(), || {
         import_layers(store, &image, &opts, report)
     })?;
-    let parts = layers
-        .iter()
-        .map(|l| (l.digest, l.descriptor.clone()))
-        .collect();
+    let parts = if a.flatten && layers.len() > 1 {
+        // The layers are imported (and reusable) as usual, then collapsed without moving data.
+        let digests: Vec<_> = layers.iter().map(|l| l.digest).collect();
+        let mut fopts = BuildOptions::new(LayerKind::Base);
+        fopts.threads = opts.threads;
+        fopts
+            .labels
+            .insert("strata.flatten.layers".into(), digests.len().to_string());
+        let built = with_progress(fopts.progress.clone(), || {
+            strata_builder::flatten::flatten(store, &[], &digests, fopts)
+        })?;
+        flattened = Some((built.digest, built.descriptor.stats.clone()));
+        vec![(built.digest, built.descriptor)]
+    } else {
+        layers
+            .iter()
+            .map(|l| (l.digest, l.descriptor.clone()))
+            .collect()
+    };
     let digest = make_annotated_image(
         store,
         parts,
@@ -83,7 +101,8 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
         oci::annotations(&image),
         &tag,
     )?;
-    let stored: u64 = layers.iter().map(|l| l.stored_bytes()).sum();
+    let stored: u64 = layers.iter().map(|l| l.stored_bytes()).sum::<u64>()
+        + flattened.as_ref().map_or(0, |(_, s)| s.stored_bytes);
     if a.json {
         let layers: Vec<_> = layers
             .iter()
@@ -106,6 +125,12 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
                 "oci_manifest": image.manifest_digest.map(|d| d.to_string()),
                 "platform": image.platform,
                 "layers": layers,
+                "flattened": flattened.as_ref().map(|(d, s)| json!({
+                    "digest": d.to_string(),
+                    "stored_bytes": s.stored_bytes,
+                    "whiteouts": s.whiteouts,
+                    "entries": s.entries,
+                })),
                 "stored_bytes": stored,
                 "oci_blob_bytes": image.blob_bytes,
                 "seconds": start.elapsed().as_secs_f64(),

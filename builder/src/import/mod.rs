@@ -11,7 +11,8 @@
 //! **Layers.** The bottom layer is built as a `base` layer without parents, which drops whiteouts and
 //! opaque markers (there is nothing below to hide, and overlay would show them as stray entries). Every
 //! other layer is built with `parents` = the layers below it, nearest first: its chunks are deduplicated
-//! against them and its metadata is stored as a patch against the layer just below; its whiteouts stay.
+//! against them; its whiteouts stay where they hide something below (one that hides nothing is pruned:
+//! overlay would list it as a broken entry).
 //! Each layer carries the label `org.opencontainers.image.diff_id=sha256:…`.
 //!
 //! Directories a layer implies without describing them take their metadata from the layers below, and
@@ -25,6 +26,8 @@
 //! stored. The source blob is still verified (hashed, not built). A record that names something missing
 //! or different is ignored and rewritten. Records are hints written after what they name, so a crash
 //! leaves at worst an unused record.
+
+use std::sync::Arc;
 
 use strata_registry::digest::Digest;
 use strata_registry::model::{LayerDescriptor, LayerKind};
@@ -96,9 +99,15 @@ pub fn import_layers(
                 let mut opts = template.clone();
                 opts.kind = LayerKind::Base;
                 opts.parents = done.iter().rev().map(|l| l.digest).collect();
+                // A layer's metadata shares little with the one below: a patch would not pay.
+                opts.patch_meta = false;
                 opts.labels
                     .insert(DIFF_ID_LABEL.to_string(), layer.diff_id.to_string());
-                let lower = LowerView::open(store, &opts.parents)?;
+                let lower = Arc::new(LowerView::open(store, &opts.parents)?);
+                if !bottom {
+                    let l = lower.clone();
+                    opts.keep_whiteout = Some(Arc::new(move |p: &[u8]| l.shows(p)));
+                }
                 let built = build_with(store, opts, |sink| {
                     read_layer(layer, &mut FillParents::new(sink, &lower))
                 })?;

@@ -14,6 +14,9 @@
 //! `umoci repack` writes `repl` (now a file) and then `repl/.wh.child` (its old content). Extracted, the
 //! whiteout fails harmlessly (`ENOTDIR`); the new file already hides everything below it. Kept, it would
 //! turn `repl` back into a directory.
+//!
+//! [`LowerView::shows`] also tells the builder which whiteouts hide something: one that hides nothing
+//! below is pruned, as overlay would list it as a broken entry in a directory only this layer has.
 
 use std::collections::HashSet;
 
@@ -22,8 +25,8 @@ use strata_registry::store::Store;
 
 use crate::erofs::{ErofsImage, Inode};
 use crate::error::BuildError;
-use crate::source::{Entry, EntryKind, EntrySink, FileSource};
-use crate::tree::{Meta, OPAQUE_XATTR, S_IFDIR, S_IFMT};
+use crate::source::{Entry, EntryKind, EntrySink, Existing, FileSource};
+use crate::tree::{Meta, OPAQUE_XATTR, S_IFCHR, S_IFDIR, S_IFMT};
 
 /// The lower layers' metadata images, top first.
 pub(super) struct LowerView {
@@ -40,9 +43,10 @@ fn opaque(i: &Inode) -> bool {
 
 /// What one layer says about a path.
 enum Seen {
-    /// A directory: its metadata.
-    Dir(Meta),
-    /// Hidden or not a directory here: a whiteout, a non-directory on the way, an opaque parent.
+    /// An entry (not a whiteout).
+    Found(Inode),
+    /// Hidden here: a whiteout at the path or a non-directory on the way to it, or not in an opaque
+    /// directory of this layer.
     Stop,
     /// Not in this layer: look below.
     Absent,
@@ -59,22 +63,54 @@ impl LowerView {
         Ok(LowerView { layers: out })
     }
 
-    /// The metadata of the directory at `path` in the merged lower layers, if it is a directory there.
-    pub(super) fn dir_meta(&self, path: &[u8]) -> Result<Option<Meta>, BuildError> {
+    /// What the merged lower layers show at `path`, if anything.
+    fn lookup(&self, path: &[u8]) -> Result<Option<Inode>, BuildError> {
         for image in &self.layers {
             match seen(image, path).map_err(erofs)? {
-                Seen::Dir(m) => return Ok(Some(m)),
+                Seen::Found(i) => return Ok(Some(i)),
                 Seen::Stop => return Ok(None),
                 Seen::Absent => {}
             }
         }
         Ok(None)
     }
+
+    /// True if the merged lower layers show an entry at `path` (a whiteout there hides something).
+    /// An unreadable lower layer counts as showing it: the whiteout is kept.
+    pub(super) fn shows(&self, path: &[u8]) -> bool {
+        self.lookup(path).map_or(true, |i| i.is_some())
+    }
+
+    /// The metadata of the directory at `path` in the merged lower layers, if it is a directory there.
+    pub(super) fn dir_meta(&self, path: &[u8]) -> Result<Option<Meta>, BuildError> {
+        let Some(dir) = self.lookup(path)?.filter(|i| i.mode & S_IFMT == S_IFDIR) else {
+            return Ok(None);
+        };
+        let mut xattrs = dir.xattrs;
+        xattrs.retain(|(k, _)| k != OPAQUE_XATTR);
+        xattrs.sort();
+        Ok(Some(Meta {
+            perm: dir.mode & 0o7777,
+            uid: dir.uid,
+            gid: dir.gid,
+            mtime: dir.mtime,
+            mtime_nsec: dir.mtime_nsec,
+            xattrs,
+        }))
+    }
+}
+
+fn is_whiteout(i: &Inode) -> bool {
+    i.mode & S_IFMT == S_IFCHR && i.rdev == 0
 }
 
 fn seen(image: &ErofsImage, path: &[u8]) -> Result<Seen, crate::erofs::ErofsError> {
     let mut cur = image.inode(image.root_nid())?;
     for comp in path.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
+        // A file or symlink on the way: nothing below shows anything here.
+        if cur.mode & S_IFMT != S_IFDIR {
+            return Ok(Seen::Stop);
+        }
         let found = image.read_dir(&cur)?.into_iter().find(|e| e.name == comp);
         let Some(e) = found else {
             return Ok(if opaque(&cur) {
@@ -84,22 +120,11 @@ fn seen(image: &ErofsImage, path: &[u8]) -> Result<Seen, crate::erofs::ErofsErro
             });
         };
         cur = image.inode(e.nid)?;
-        // A whiteout, a file or a symlink: nothing below shows a directory here.
-        if cur.mode & S_IFMT != S_IFDIR {
+        if is_whiteout(&cur) {
             return Ok(Seen::Stop);
         }
     }
-    let mut xattrs = cur.xattrs.clone();
-    xattrs.retain(|(k, _)| k != OPAQUE_XATTR);
-    xattrs.sort();
-    Ok(Seen::Dir(Meta {
-        perm: cur.mode & 0o7777,
-        uid: cur.uid,
-        gid: cur.gid,
-        mtime: cur.mtime,
-        mtime_nsec: cur.mtime_nsec,
-        xattrs,
-    }))
+    Ok(Seen::Found(cur))
 }
 
 /// The sink adapter (see the module documentation).
@@ -139,6 +164,10 @@ impl<'a> FillParents<'a> {
 }
 
 impl EntrySink for FillParents<'_> {
+    fn existing(&self, path: &[u8]) -> Existing {
+        self.inner.existing(path)
+    }
+
     fn add(&mut self, entry: Entry, data: Option<FileSource<'_>>) -> Result<(), BuildError> {
         let path = entry.path.clone();
         // Every proper ancestor, the root first; an opaque marker also implies its directory.
