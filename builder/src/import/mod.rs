@@ -78,6 +78,8 @@ pub fn import_layers(
     mut on_layer: impl FnMut(&ImportedLayer),
 ) -> Result<Vec<ImportedLayer>, BuildError> {
     let mut done: Vec<ImportedLayer> = Vec::new();
+    // The metadata of the layers done so far, bottom first, for the layers above them.
+    let mut images = Vec::new();
     for layer in &image.layers {
         let bottom = done.is_empty();
         let record = key::oci_import(
@@ -103,7 +105,7 @@ pub fn import_layers(
                 opts.patch_meta = false;
                 opts.labels
                     .insert(DIFF_ID_LABEL.to_string(), layer.diff_id.to_string());
-                let lower = Arc::new(LowerView::open(store, &opts.parents)?);
+                let lower = Arc::new(LowerView::new(images.iter().rev().cloned().collect()));
                 if !bottom {
                     let l = lower.clone();
                     opts.keep_whiteout = Some(Arc::new(move |p: &[u8]| l.shows(p)));
@@ -121,6 +123,9 @@ pub fn import_layers(
                 }
             }
         };
+        if layer.number < image.layers.len() {
+            images.push(LowerView::load(store, &imported.digest)?);
+        }
         on_layer(&imported);
         done.push(imported);
     }

@@ -19,6 +19,7 @@
 //! below is pruned, as overlay would list it as a broken entry in a directory only this layer has.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use strata_registry::digest::Digest;
 use strata_registry::store::Store;
@@ -28,9 +29,9 @@ use crate::error::BuildError;
 use crate::source::{Entry, EntryKind, EntrySink, Existing, FileSource};
 use crate::tree::{Meta, OPAQUE_XATTR, S_IFCHR, S_IFDIR, S_IFMT};
 
-/// The lower layers' metadata images, top first.
+/// The lower layers' metadata images, top first (each loaded once per import and shared).
 pub(super) struct LowerView {
-    layers: Vec<ErofsImage>,
+    layers: Vec<Arc<ErofsImage>>,
 }
 
 fn erofs(e: crate::erofs::ErofsError) -> BuildError {
@@ -53,14 +54,16 @@ enum Seen {
 }
 
 impl LowerView {
-    /// Loads the metadata of `layers` (top first).
-    pub(super) fn open(store: &Store, layers: &[Digest]) -> Result<LowerView, BuildError> {
-        let mut out = Vec::new();
-        for d in layers {
-            let desc = store.get_layer(d)?;
-            out.push(ErofsImage::parse(store.get_meta(&desc.meta.digest)?).map_err(erofs)?);
-        }
-        Ok(LowerView { layers: out })
+    /// The view of `layers` (metadata images, top first).
+    pub(super) fn new(layers: Vec<Arc<ErofsImage>>) -> LowerView {
+        LowerView { layers }
+    }
+
+    /// Loads one layer's metadata image.
+    pub(super) fn load(store: &Store, layer: &Digest) -> Result<Arc<ErofsImage>, BuildError> {
+        let desc = store.get_layer(layer)?;
+        let image = ErofsImage::parse(store.get_meta(&desc.meta.digest)?).map_err(erofs)?;
+        Ok(Arc::new(image))
     }
 
     /// What the merged lower layers show at `path`, if anything.
