@@ -135,6 +135,15 @@ print(f"| `umoci unpack` (peer, same image) | {med('umoci'):.2f} s | {cpu('umoci
 print(f"| `strata import` again (all layers reused) | {med('reimport'):.2f} s | {cpu('reimport'):.2f} s | 0 | — |")
 print(f"| `strata import --flatten` (layers reused, one layer made) | {med('flatten'):.2f} s | "
       f"{cpu('flatten'):.2f} s | {mib(flat_stored)} | — |")
+import os
+blob = lambda d: os.path.join(W, 'layout', 'blobs', 'sha256', d.split(':')[1])
+idx = json.load(open(os.path.join(W, 'layout', 'index.json')))
+man = json.load(open(blob(idx['manifests'][0]['digest'])))
+print('\n| layer | OCI blob (gzip) | strata stored (zstd chunks + metadata) | entries | whiteouts |')
+print('|---|---|---|---|---|')
+for n, (l, s) in enumerate(zip(man['layers'], imp[0]['layers']), 1):
+    print(f"| {n} | {mib(l['size'])} | {mib(s['stored_bytes'])} ({s['stored_bytes'] / l['size']:.2f}x) | "
+          f"{s['entries']} | {s['whiteouts']} |")
 EOF
 )
 mkdir -p "$here/results"
