@@ -32,7 +32,9 @@ for d in minbase minbase-up; do
     [[ -e $D/$d.done ]] || { log "missing $D/$d: run benches/make-data.sh first"; exit 1; }
 done
 [[ -x $STRATA ]] || { log "no strata binary at $STRATA (cargo build --release --workspace)"; exit 1; }
-command -v umoci >/dev/null || { log "umoci is not installed (apt-get install umoci)"; exit 1; }
+for c in umoci rsync; do
+    command -v $c >/dev/null || { log "$c is not installed (apt-get install $c)"; exit 1; }
+done
 
 drop_caches() {
     sync
