@@ -152,6 +152,11 @@ fn first_layer(r: &Path) {
         ("opq/sub/old2", b"hidden too"),
         ("repl/child", b"a directory that becomes a file"),
         ("f2d", b"a file that becomes a directory"),
+        (
+            "etc/passwd",
+            b"root:x:0:0:root:/root:/bin/sh\napp:x:4242:4343::/home/app:/bin/sh\n",
+        ),
+        ("etc/group", b"root:x:0:\napp:x:4343:\n"),
     ] {
         let p = r.join(rel);
         std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
@@ -244,7 +249,7 @@ fn umoci_image(work: &Path) -> PathBuf {
             "--config.workingdir",
             "/data",
             "--config.user",
-            "1000:1000",
+            "app",
             "--config.label",
             "org.example.kind=test",
         ],
@@ -290,10 +295,18 @@ fn compare_mounted(store: &StoreEnv, image: &str, expected: &Path, bundle_config
         d.ok(&["bundle", image, "--sandbox", "bundle", s(dir.path())]);
         let ours = json(&std::fs::read_to_string(dir.path().join("config.json")).expect("read"));
         let theirs = json(&std::fs::read_to_string(umoci_config).expect("read"));
-        for field in ["args", "cwd", "user"] {
+        for field in ["args", "cwd"] {
             assert_eq!(
                 ours["process"][field], theirs["process"][field],
                 "process.{field}"
+            );
+        }
+        // A user name, resolved in the image's /etc/passwd by both.
+        assert_eq!(ours["process"]["user"]["uid"], 4242);
+        for id in ["uid", "gid"] {
+            assert_eq!(
+                ours["process"]["user"][id], theirs["process"]["user"][id],
+                "process.user.{id}"
             );
         }
         let env = |v: &serde_json::Value| {
@@ -376,7 +389,7 @@ fn umoci_image_imports_as_umoci_unpacks_it() {
     let insp = json(&store.ok(&["inspect", "umoci/img:v1", "--json"]));
     let cfg = &insp["manifest"]["config"];
     assert_eq!(cfg["working_dir"], "/data");
-    assert_eq!(cfg["user"], "1000:1000");
+    assert_eq!(cfg["user"], "app");
     assert_eq!(cfg["labels"]["org.example.kind"], "test");
     assert_eq!(
         insp["layers"][1]["labels"]["org.opencontainers.image.diff_id"],
