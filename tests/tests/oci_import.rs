@@ -118,15 +118,18 @@ elif cmd == 'platforms':
                            'annotations': {'org.opencontainers.image.ref.name': ref}}
     json.dump(idx, open(os.path.join(L, 'index.json'), 'w'))
 elif cmd == 'docker-archive':
-    out, tag = args
+    # style 'classic': <id>/layer.tar and <hex>.json; 'oci' (Docker 25+): blobs/sha256/<hex> for both.
+    out, tag, style = args
     with tarfile.open(out, 'w') as t:
         def add(name, data):
             ti = tarfile.TarInfo(name); ti.size = len(data); t.addfile(ti, io.BytesIO(data))
         cfg_bytes = read(man['config']['digest'])
-        cfg_name = man['config']['digest'].split(':')[1] + '.json'
+        hexname = lambda data: 'blobs/sha256/' + hashlib.sha256(data).hexdigest()
+        cfg_name = man['config']['digest'].split(':')[1] + '.json' if style == 'classic' else hexname(cfg_bytes)
         layers = []
         for n in range(len(man['layers'])):
-            layers.append('%d/layer.tar' % n); add(layers[-1], uncompressed(n))
+            data = uncompressed(n)
+            layers.append('%d/layer.tar' % n if style == 'classic' else hexname(data)); add(layers[-1], data)
         add(cfg_name, cfg_bytes)
         add('manifest.json', json.dumps([{'Config': cfg_name, 'RepoTags': [tag], 'Layers': layers}]).encode())
 else:
@@ -481,6 +484,24 @@ fn umoci_image_imports_as_umoci_unpacks_it() {
         .map(|l| l["reused"].as_bool().expect("bool"))
         .collect();
     assert_eq!(reused, [true, true, true, true, true, false]);
+
+    // An import record whose layer is gone is not trusted: that layer is built again.
+    let third = layers[2]["digest"].as_str().expect("digest");
+    let desc = sdir.path().join(format!("layers/{}.json", &third[7..]));
+    std::fs::remove_file(&desc).expect("rm layer descriptor");
+    let rebuilt = import_json(&store, &[&src, "-t", "umoci/img:rebuilt"]);
+    let reused: Vec<bool> = rebuilt["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .map(|l| l["reused"].as_bool().expect("bool"))
+        .collect();
+    assert_eq!(reused, [true, true, false, true, true]);
+    assert!(desc.exists() || rebuilt["layers"][2]["digest"] != layers[2]["digest"]);
+    assert_eq!(
+        store.ok(&["cat", "umoci/img:rebuilt", "/opq/fresh"]),
+        "only this is left"
+    );
     assert_eq!(
         store.ok(&["cat", "umoci/img:v2", "/data/added"]),
         "layer five"
@@ -503,7 +524,7 @@ fn docker_archive_and_zstd_layers_round_trip() {
     helper(
         &layout,
         "t",
-        &["docker-archive", s(&archive), "example/umoci:v1"],
+        &["docker-archive", s(&archive), "example/umoci:v1", "classic"],
     );
     let src = format!("docker-archive:{}:example/umoci:v1", s(&archive));
     let out = import_json(&store, &[&src, "-t", "docker/img:v1"]);
@@ -512,6 +533,31 @@ fn docker_archive_and_zstd_layers_round_trip() {
     if can_mount() {
         compare_mounted(&store, "docker/img:v1", &unpacked.join("rootfs"), None);
     }
+    // The Docker 25+ archive layout (blobs named by digest, verified as such) into a fresh store.
+    let archive25 = work.path().join("image25.tar");
+    helper(
+        &layout,
+        "t",
+        &["docker-archive", s(&archive25), "example/umoci:v1", "oci"],
+    );
+    let fresh_dir = scratch("store");
+    let fresh = StoreEnv::local(fresh_dir.path());
+    let src25 = format!("docker-archive:{}", s(&archive25));
+    let out25 = import_json(&fresh, &[&src25, "-t", "docker/img:v25"]);
+    let summary = |v: &serde_json::Value| -> Vec<(String, u64, u64)> {
+        v["layers"]
+            .as_array()
+            .expect("layers")
+            .iter()
+            .map(|l| {
+                let n = |k: &str| l[k].as_u64().expect("number");
+                let d = l["diff_id"].as_str().expect("diff_id").to_string();
+                (d, n("entries"), n("whiteouts"))
+            })
+            .collect()
+    };
+    assert_eq!(summary(&out25), summary(&out), "not the same layers");
+
     // The same image from the layout: same diff IDs, so every layer is reused.
     let from_layout = import_json(
         &store,
@@ -751,6 +797,34 @@ fn bad_oci_sources_are_refused_clearly() {
         }
         nothing_referenced(&store, sdir.path(), "bad:x");
     }
+    // A docker archive whose config no longer matches the digest it is named by.
+    let archive = work.path().join("bad.tar");
+    helper(
+        &pristine,
+        "t",
+        &["docker-archive", s(&archive), "bad/img:v1", "classic"],
+    );
+    run(
+        "python3",
+        &[
+            "-c",
+            "import tarfile, io, sys\nsrc = tarfile.open(sys.argv[1]); out = tarfile.open(sys.argv[2], 'w')\nfor m in src.getmembers():\n    data = src.extractfile(m).read()\n    if m.name.endswith('.json') and m.name != 'manifest.json':\n        data = data.replace(b'FOO=bar', b'FOO=baz')\n    out.addfile(m, io.BytesIO(data))\nout.close()\n",
+            s(&archive),
+            s(&work.path().join("bad2.tar")),
+        ],
+    );
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let bad = format!("docker-archive:{}", s(&work.path().join("bad2.tar")));
+    let o = store.run(&["import", &bad, "-t", "bad:x"]);
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("config") && stderr(&o).contains("digest mismatch"),
+        "{}",
+        stderr(&o)
+    );
+    nothing_referenced(&store, sdir.path(), "bad:x");
+
     // Missing source, bad source syntax.
     let sdir = scratch("store");
     let store = StoreEnv::local(sdir.path());
