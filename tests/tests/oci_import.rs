@@ -327,6 +327,16 @@ fn compare_mounted(store: &StoreEnv, image: &str, expected: &Path, bundle_config
     }
 }
 
+/// The `reused` flag of each layer of an import's JSON.
+fn reused_flags(v: &serde_json::Value) -> Vec<bool> {
+    v["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .map(|l| l["reused"].as_bool().expect("bool"))
+        .collect()
+}
+
 fn import_json(store: &StoreEnv, args: &[&str]) -> serde_json::Value {
     let mut full = vec!["import"];
     full.extend_from_slice(args);
@@ -477,12 +487,7 @@ fn umoci_image_imports_as_umoci_unpacks_it() {
         &store,
         &[&format!("oci:{}:t2", s(&layout)), "-t", "umoci/img:v2"],
     );
-    let reused: Vec<bool> = derived["layers"]
-        .as_array()
-        .expect("layers")
-        .iter()
-        .map(|l| l["reused"].as_bool().expect("bool"))
-        .collect();
+    let reused = reused_flags(&derived);
     assert_eq!(reused, [true, true, true, true, true, false]);
 
     // An import record whose layer is gone is not trusted: that layer is built again.
@@ -490,12 +495,7 @@ fn umoci_image_imports_as_umoci_unpacks_it() {
     let desc = sdir.path().join(format!("layers/{}.json", &third[7..]));
     std::fs::remove_file(&desc).expect("rm layer descriptor");
     let rebuilt = import_json(&store, &[&src, "-t", "umoci/img:rebuilt"]);
-    let reused: Vec<bool> = rebuilt["layers"]
-        .as_array()
-        .expect("layers")
-        .iter()
-        .map(|l| l["reused"].as_bool().expect("bool"))
-        .collect();
+    let reused = reused_flags(&rebuilt);
     assert_eq!(reused, [true, true, false, true, true]);
     assert!(desc.exists() || rebuilt["layers"][2]["digest"] != layers[2]["digest"]);
     assert_eq!(
