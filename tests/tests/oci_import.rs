@@ -361,6 +361,18 @@ fn platform_is_chosen_from_a_nested_index() {
     else {
         return;
     };
+    // A single-platform image must be the platform asked for.
+    let single = format!("oci:{}:t", s(&layout));
+    let o = store.run(&[
+        "import",
+        &single,
+        "-t",
+        "p:x",
+        "--platform",
+        "linux/riscv64",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(stderr(&o).contains("linux/riscv64"), "{}", stderr(&o));
     helper(&layout, "t", &["platforms"]);
     let src = format!("oci:{}:t", s(&layout));
     let platform_of = |tag: &str| {

@@ -19,6 +19,7 @@ use strata_builder::BuildOptions;
 use strata_registry::model::{LayerKind, TagName};
 use strata_registry::store::Store;
 
+use crate::exit::NotFound;
 use crate::images::{human, make_annotated_image};
 use crate::layers::with_progress;
 
@@ -53,6 +54,24 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
     };
     let start = Instant::now();
     let image = oci::open(&source, &platform)?;
+    // A single-platform image is taken as it is; it must be the platform asked for, if one was.
+    let found = Platform::parse(&image.platform).ok();
+    let matches = found
+        .as_ref()
+        .is_some_and(|f| platform.matches(&f.os, &f.architecture, f.variant.as_deref()));
+    if !matches {
+        if a.platform.is_some() {
+            return Err(NotFound(format!(
+                "{}: the image is for {}, not {platform}",
+                a.src, image.platform
+            ))
+            .into());
+        }
+        eprintln!(
+            "strata: warning: {} is an image for {}, not for this machine ({platform})",
+            a.src, image.platform
+        );
+    }
     let mut opts = BuildOptions::new(LayerKind::Base);
     if let Some(t) = a.threads {
         opts.threads = t.max(1);
