@@ -72,6 +72,8 @@ elif cmd == 'add-tar':
     d, n = put(gzip.compress(data))
     man['layers'].append({'mediaType': 'application/vnd.oci.image.layer.v1.tar+gzip', 'digest': d, 'size': n})
     cfg['rootfs']['diff_ids'].append('sha256:' + hashlib.sha256(data).hexdigest()); save()
+elif cmd == 'drop-first':
+    man['layers'].pop(0); cfg['rootfs']['diff_ids'].pop(0); save()
 elif cmd == 'zstd':
     for n, l in enumerate(man['layers']):
         z = subprocess.run(['zstd', '-q', '-c'], input=uncompressed(n), capture_output=True, check=True).stdout

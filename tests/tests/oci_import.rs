@@ -258,6 +258,21 @@ fn umoci_image_imports_as_umoci_unpacks_it() {
     let reused = reused_flags(&derived);
     assert_eq!(reused, [true, true, true, true, true, false]);
 
+    // The same OCI layers on another base are other strata layers (whiteouts kept and implied
+    // directories depend on the layers below): nothing is reused.
+    let rebased = work.path().join("rebased");
+    run("cp", &["-a", s(&layout), s(&rebased)]);
+    helper(&rebased, "t", &["drop-first"]);
+    let other = import_json(
+        &store,
+        &[&format!("oci:{}:t", s(&rebased)), "-t", "umoci/img:rebased"],
+    );
+    assert_eq!(reused_flags(&other), [false, false, false, false]);
+    assert_eq!(
+        store.ok(&["cat", "umoci/img:rebased", "/opq/fresh"]),
+        "only this is left"
+    );
+
     // An import record whose layer is gone is not trusted: that layer is built again.
     let third = layers[2]["digest"].as_str().expect("digest");
     let desc = sdir.path().join(format!("layers/{}.json", &third[7..]));

@@ -81,8 +81,9 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
     let report = |l: &ImportedLayer| {
         if tty {
             let how = if l.reused { "reused" } else { "imported" };
+            // Clears the progress line first.
             eprintln!(
-                "layer {}/{total} {how}: {} ({}, {} stored)",
+                "\r\x1b[2Klayer {}/{total} {how}: {} ({}, {} stored)",
                 l.number,
                 l.digest,
                 l.diff_id,
@@ -129,6 +130,7 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
                 json!({
                     "digest": l.digest.to_string(),
                     "diff_id": l.diff_id.to_string(),
+                    "chain_id": l.chain_id.to_string(),
                     "reused": l.reused,
                     "stored_bytes": l.stored_bytes(),
                     "whiteouts": l.descriptor.stats.whiteouts,

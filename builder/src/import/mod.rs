@@ -13,19 +13,22 @@
 //! other layer is built with `parents` = the layers below it, nearest first: its chunks are deduplicated
 //! against them; its whiteouts stay where they hide something below (one that hides nothing is pruned:
 //! overlay would list it as a broken entry).
-//! Each layer carries the label `org.opencontainers.image.diff_id=sha256:…`.
+//! Each layer carries the labels `org.opencontainers.image.diff_id` and `org.strata.oci.chain_id`.
 //!
 //! Directories a layer implies without describing them take their metadata from the layers below, and
 //! whiteouts below a path the layer replaces with a non-directory are dropped ([`parents`]): both as
 //! extracting the layer over the layers below would leave them.
 //!
-//! **Reuse.** After a layer is stored, the import record `oci/<diff-id hex>/<bottom|upper>` (a text
-//! `blake3:<layer digest>`) is written. A later import of a layer with the same diff ID in the same
-//! position (bottom layers differ: their whiteouts are gone) reads the record, checks the layer descriptor
-//! (digest verified), its label, and that its metadata and blobs exist, and reuses it: nothing is built or
-//! stored. The source blob is still verified (hashed, not built). A record that names something missing
-//! or different is ignored and rewritten. Records are hints written after what they name, so a crash
-//! leaves at worst an unused record.
+//! **Reuse.** A strata layer depends on the layers below it, not only on its own tar: which whiteouts
+//! are kept and what metadata implied directories get come from them. So reuse is keyed by the OCI
+//! *chain ID* — `sha256(chain ID below + " " + diff ID)`, the diff ID itself for the bottom layer — which
+//! names a layer together with everything below it. After a layer is stored, the import record
+//! `oci/<chain-id hex>` (the text `blake3:<layer digest>`) is written. A later import of a layer with the
+//! same chain ID (the same layer on the same lower layers: an image rebuilt, or another image on the same
+//! base) reads the record, checks the layer descriptor (digest verified), its labels, and that its
+//! metadata and blobs exist, and reuses it: nothing is built or stored. The source blob is still verified
+//! (hashed, not built). A record that names something missing or different is ignored and rewritten.
+//! Records are hints written after what they name, so a crash leaves at worst an unused record.
 
 use std::sync::Arc;
 
@@ -44,6 +47,8 @@ use parents::{FillParents, LowerView};
 
 /// The label naming the OCI diff ID a layer was imported from.
 pub const DIFF_ID_LABEL: &str = "org.opencontainers.image.diff_id";
+/// The label naming the OCI chain ID of the layer (it and the layers below it).
+pub const CHAIN_ID_LABEL: &str = "org.strata.oci.chain_id";
 
 /// One imported layer.
 #[derive(Clone, Debug)]
@@ -53,6 +58,8 @@ pub struct ImportedLayer {
     pub digest: Digest,
     pub descriptor: LayerDescriptor,
     pub diff_id: Sha256Digest,
+    /// The chain ID: this layer and the layers below it.
+    pub chain_id: Sha256Digest,
     /// True when an earlier import's layer was reused (nothing was stored).
     pub reused: bool,
 }
@@ -80,13 +87,13 @@ pub fn import_layers(
     let mut done: Vec<ImportedLayer> = Vec::new();
     // The metadata of the layers done so far, bottom first, for the layers above them.
     let mut images = Vec::new();
+    let mut chain: Option<Sha256Digest> = None;
     for layer in &image.layers {
         let bottom = done.is_empty();
-        let record = key::oci_import(
-            &layer.diff_id.hex(),
-            if bottom { "bottom" } else { "upper" },
-        );
-        let imported = match reusable(store, &record, layer, bottom)? {
+        let chain_id = chain_id(chain, layer.diff_id);
+        chain = Some(chain_id);
+        let record = key::oci_import(&chain_id.hex());
+        let imported = match reusable(store, &record, layer, chain_id)? {
             Some((digest, descriptor)) => {
                 verify_only(layer)?;
                 ImportedLayer {
@@ -94,6 +101,7 @@ pub fn import_layers(
                     digest,
                     descriptor,
                     diff_id: layer.diff_id,
+                    chain_id,
                     reused: true,
                 }
             }
@@ -105,6 +113,8 @@ pub fn import_layers(
                 opts.patch_meta = false;
                 opts.labels
                     .insert(DIFF_ID_LABEL.to_string(), layer.diff_id.to_string());
+                opts.labels
+                    .insert(CHAIN_ID_LABEL.to_string(), chain_id.to_string());
                 let lower = Arc::new(LowerView::new(images.iter().rev().cloned().collect()));
                 if !bottom {
                     let l = lower.clone();
@@ -119,6 +129,7 @@ pub fn import_layers(
                     digest: built.digest,
                     descriptor: built.descriptor,
                     diff_id: layer.diff_id,
+                    chain_id,
                     reused: false,
                 }
             }
@@ -132,12 +143,20 @@ pub fn import_layers(
     Ok(done)
 }
 
-/// The layer an earlier import made from `layer` in this position, if it is still whole.
+/// The OCI chain ID of a layer with diff ID `diff_id` above the layers whose chain ID is `below`.
+pub fn chain_id(below: Option<Sha256Digest>, diff_id: Sha256Digest) -> Sha256Digest {
+    match below {
+        None => diff_id,
+        Some(b) => Sha256Digest::of(format!("{b} {diff_id}").as_bytes()),
+    }
+}
+
+/// The layer an earlier import made from `layer` on the same lower layers, if it is still whole.
 fn reusable(
     store: &Store,
     record: &str,
     layer: &OciLayer,
-    bottom: bool,
+    chain_id: Sha256Digest,
 ) -> Result<Option<(Digest, LayerDescriptor)>, BuildError> {
     let Some(text) = store.get_index(record)? else {
         return Ok(None);
@@ -164,11 +183,10 @@ fn reusable(
         }
         Err(e) => return Err(e.into()),
     };
-    if desc.labels.get(DIFF_ID_LABEL) != Some(&layer.diff_id.to_string()) {
-        return stale("the layer has another diff ID");
-    }
-    if bottom && desc.stats.whiteouts > 0 {
-        return stale("the layer has whiteouts and cannot be a bottom layer");
+    if desc.labels.get(DIFF_ID_LABEL) != Some(&layer.diff_id.to_string())
+        || desc.labels.get(CHAIN_ID_LABEL) != Some(&chain_id.to_string())
+    {
+        return stale("the layer has another diff ID or chain ID");
     }
     if !store.exists(&key::meta(&desc.meta.digest))? {
         return stale("the layer's metadata is gone");
@@ -258,4 +276,23 @@ fn verify_only(layer: &OciLayer) -> Result<(), BuildError> {
         .map_err(|e| BuildError::Tar(format!("{}: {e}", layer.name())))?;
     check_diff_id(layer, diff_id)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_ids_follow_the_image_spec() {
+        let a: Sha256Digest =
+            "sha256:a3ed95caeb02ffe68cdd9fd84406680ae93d633cb16422d00e8a7c22955b46d4"
+                .parse()
+                .unwrap();
+        assert_eq!(chain_id(None, a), a);
+        // ChainID(A|B) = Digest(ChainID(A) + " " + DiffID(B)), over the textual digests.
+        let b = Sha256Digest::of(b"b");
+        let want = Sha256Digest::of(format!("{a} {b}").as_bytes());
+        assert_eq!(chain_id(Some(a), b), want);
+        assert_ne!(chain_id(Some(b), a), want);
+    }
 }

@@ -8,7 +8,7 @@
 //! layers/<hex>.json      layer descriptors
 //! manifests/<hex>.json   image manifests
 //! tags/<name>/<tag>      tags (the text `blake3:<hex>`); a local store serializes updates with tags/.lock
-//! oci/<sha256>/<pos>     import records: the layer made from an OCI layer (diff ID), `bottom` or `upper`
+//! oci/<sha256>           import records: the layer made from an OCI layer, by its chain ID
 //! tmp/                   a local store's spool for blobs being written
 //! ```
 //!
@@ -114,10 +114,10 @@ pub mod key {
     pub fn manifest(d: &Digest) -> String {
         format!("manifests/{}.json", d.hex())
     }
-    /// The layer imported from the OCI layer with uncompressed digest `sha256:<diff_id_hex>`, as the
-    /// bottom of an image (`bottom`: no whiteouts) or above other layers (`upper`).
-    pub fn oci_import(diff_id_hex: &str, position: &str) -> String {
-        format!("oci/{diff_id_hex}/{position}")
+    /// The layer imported from the OCI layer whose chain ID (the layer and the layers below it) is
+    /// `sha256:<chain_id_hex>`.
+    pub fn oci_import(chain_id_hex: &str) -> String {
+        format!("oci/{chain_id_hex}")
     }
 }
 
