@@ -170,7 +170,9 @@ pub fn second_layer(r: &Path) {
     xattr::set(r.join("usr/share"), "user.changed", b"yes").expect("xattr");
 }
 
-/// Builds the umoci image `L:t` in `work/L`; returns the layout path.
+/// Builds the umoci image `L:t` in `work/L`; returns the layout path. The fifth layer (added verbatim)
+/// holds whiteouts that hide nothing, and whiteouts and entries at the same path in both orders (a
+/// whiteout never hides its own layer's entry; after a directory's content it makes it opaque).
 pub fn umoci_image(work: &Path) -> PathBuf {
     let layout = work.join("L");
     let bundle = work.join("B");
@@ -207,7 +209,7 @@ pub fn umoci_image(work: &Path) -> PathBuf {
         "python3",
         &[
             "-c",
-            "import tarfile, io, sys\nwith tarfile.open(sys.argv[1], 'w') as t:\n    d = tarfile.TarInfo('ghostdir'); d.type = tarfile.DIRTYPE; d.mode = 0o755; t.addfile(d)\n    for n in ['ghostdir/.wh.nothing', 'data/.wh.nonexistent', 'ghostdir/kept']:\n        t.addfile(tarfile.TarInfo(n), io.BytesIO(b''))\n",
+            "import tarfile, io, sys\nwith tarfile.open(sys.argv[1], 'w') as t:\n    d = tarfile.TarInfo('ghostdir'); d.type = tarfile.DIRTYPE; d.mode = 0o755; t.addfile(d)\n    for n in ['ghostdir/.wh.nothing', 'data/.wh.nonexistent', 'ghostdir/kept', 'ghostdir/same', 'ghostdir/.wh.same', 'data/.wh.keep', 'data/keep', 'f2d/new', 'f2d/.wh.inside', '.wh.f2d']:\n        t.addfile(tarfile.TarInfo(n), io.BytesIO(b''))\n",
             s(&ghost),
         ],
     );

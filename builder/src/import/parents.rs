@@ -15,11 +15,17 @@
 //! whiteout fails harmlessly (`ENOTDIR`); the new file already hides everything below it. Kept, it would
 //! turn `repl` back into a directory.
 //!
+//! Whiteouts and entries at the same path in one layer follow the OCI rule that a whiteout hides only
+//! what the layers below hold: a whiteout after the layer's own file at its path is dropped; one before
+//! or after the layer's own directory at its path makes that directory opaque (the lower one is gone, the
+//! new one stays).
+//!
 //! [`LowerView::shows`] also tells the builder which whiteouts hide something: one that hides nothing
-//! below is pruned, as overlay would list it as a broken entry in a directory only this layer has.
+//! below — nothing is there, or the layer makes a parent directory opaque — is pruned, as overlay would
+//! list it as a broken entry in a directory only this layer has.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use strata_registry::digest::Digest;
 use strata_registry::store::Store;
@@ -29,9 +35,12 @@ use crate::error::BuildError;
 use crate::source::{Entry, EntryKind, EntrySink, Existing, FileSource};
 use crate::tree::{Meta, OPAQUE_XATTR, S_IFCHR, S_IFDIR, S_IFMT};
 
-/// The lower layers' metadata images, top first (each loaded once per import and shared).
+/// What the layers below show to the layer being built: their metadata images, top first (each loaded
+/// once per import and shared), seen through the directories the layer being built makes opaque.
 pub(super) struct LowerView {
     layers: Vec<Arc<ErofsImage>>,
+    /// Directories the layer being built makes opaque: nothing below them shows.
+    opaque_here: Mutex<HashSet<Vec<u8>>>,
 }
 
 fn erofs(e: crate::erofs::ErofsError) -> BuildError {
@@ -56,7 +65,30 @@ enum Seen {
 impl LowerView {
     /// The view of `layers` (metadata images, top first).
     pub(super) fn new(layers: Vec<Arc<ErofsImage>>) -> LowerView {
-        LowerView { layers }
+        LowerView {
+            layers,
+            opaque_here: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Notes that the layer being built makes `dir` opaque.
+    fn hide_below(&self, dir: &[u8]) {
+        let mut set = self
+            .opaque_here
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        set.insert(dir.to_vec());
+    }
+
+    /// True if a proper ancestor of `path` is opaque in the layer being built.
+    fn hidden(&self, path: &[u8]) -> bool {
+        let set = self
+            .opaque_here
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut ancestors = path.iter().enumerate().filter(|(_, &b)| b == b'/');
+        !path.is_empty()
+            && (set.contains(&path[..0]) || ancestors.any(|(i, _)| set.contains(&path[..i])))
     }
 
     /// Loads one layer's metadata image.
@@ -68,6 +100,9 @@ impl LowerView {
 
     /// What the merged lower layers show at `path`, if anything.
     fn lookup(&self, path: &[u8]) -> Result<Option<Inode>, BuildError> {
+        if self.hidden(path) {
+            return Ok(None);
+        }
         for image in &self.layers {
             match seen(image, path).map_err(erofs)? {
                 Seen::Found(i) => return Ok(Some(i)),
@@ -138,6 +173,10 @@ pub(super) struct FillParents<'a> {
     known: HashSet<Vec<u8>>,
     /// Paths the source gave as non-directories.
     nondirs: HashSet<Vec<u8>>,
+    /// Whiteouts passed on, not (yet) replaced by an entry of this layer.
+    whiteouts: HashSet<Vec<u8>>,
+    /// Directories this layer gives content: described by the source, or holding an entry of it.
+    present: HashSet<Vec<u8>>,
 }
 
 impl<'a> FillParents<'a> {
@@ -147,12 +186,24 @@ impl<'a> FillParents<'a> {
             lower,
             known: HashSet::new(),
             nondirs: HashSet::new(),
+            whiteouts: HashSet::new(),
+            present: HashSet::new(),
         }
     }
 
     fn fill(&mut self, dir: &[u8]) -> Result<(), BuildError> {
         if !self.known.insert(dir.to_vec()) {
             return Ok(());
+        }
+        if self.whiteouts.remove(dir) {
+            // Deleted, then given entries in this same layer: a new, opaque directory.
+            let entry = Entry {
+                path: dir.to_vec(),
+                meta: Meta::implied_dir(),
+                kind: EntryKind::Dir,
+            };
+            self.inner.add(entry, None)?;
+            return self.opaque(dir);
         }
         if let Some(meta) = self.lower.dir_meta(dir)? {
             let entry = Entry {
@@ -163,6 +214,18 @@ impl<'a> FillParents<'a> {
             self.inner.add(entry, None)?;
         }
         Ok(())
+    }
+}
+
+impl FillParents<'_> {
+    fn opaque(&mut self, dir: &[u8]) -> Result<(), BuildError> {
+        self.lower.hide_below(dir);
+        let entry = Entry {
+            path: dir.to_vec(),
+            meta: Meta::implied_dir(),
+            kind: EntryKind::Opaque,
+        };
+        self.inner.add(entry, None)
     }
 }
 
@@ -184,23 +247,105 @@ impl EntrySink for FillParents<'_> {
         if entry.kind == EntryKind::Opaque && !path.is_empty() {
             ancestors.push(&path[..]);
         }
-        if marker && ancestors.iter().any(|a| self.nondirs.contains(*a)) {
-            tracing::debug!(path = %String::from_utf8_lossy(&path), "whiteout below a non-directory: dropped");
+        let moot = |a: &&[u8]| self.nondirs.contains(*a) || self.whiteouts.contains(*a);
+        if marker && ancestors.iter().any(moot) {
+            tracing::debug!(path = %String::from_utf8_lossy(&path), "whiteout below a non-directory or a deleted directory: dropped");
             return Ok(());
         }
-        for dir in ancestors {
+        for dir in &ancestors {
             self.fill(dir)?;
-        }
-        match entry.kind {
-            EntryKind::Dir => {
-                self.nondirs.remove(&path);
-                self.known.insert(path);
+            if !marker {
+                self.present.insert(dir.to_vec());
             }
-            EntryKind::Whiteout | EntryKind::Opaque => {}
+        }
+        // A whiteout applies to the layers below only, never to an entry of its own layer (OCI image
+        // spec): after this layer's file it is dropped, after this layer's directory it makes the
+        // directory opaque; a directory after a whiteout of its path is opaque too.
+        match entry.kind {
+            EntryKind::Whiteout if self.nondirs.contains(&path) => return Ok(()),
+            EntryKind::Whiteout if self.present.contains(&path) => return self.opaque(&path),
+            EntryKind::Whiteout => {
+                self.whiteouts.insert(path);
+            }
+            EntryKind::Dir => {
+                let deleted = self.whiteouts.remove(&path);
+                self.nondirs.remove(&path);
+                self.known.insert(path.clone());
+                self.present.insert(path.clone());
+                self.inner.add(entry, data)?;
+                return if deleted { self.opaque(&path) } else { Ok(()) };
+            }
+            EntryKind::Opaque => self.lower.hide_below(&path),
             _ => {
+                self.whiteouts.remove(&path);
                 self.nondirs.insert(path);
             }
         }
         self.inner.add(entry, data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records what reaches the builder.
+    #[derive(Default)]
+    struct Record(Vec<(String, EntryKind)>);
+
+    impl EntrySink for Record {
+        fn add(&mut self, entry: Entry, _: Option<FileSource<'_>>) -> Result<(), BuildError> {
+            let path = String::from_utf8_lossy(&entry.path).into_owned();
+            self.0.push((path, entry.kind));
+            Ok(())
+        }
+    }
+
+    fn feed(entries: &[(&str, EntryKind)]) -> Vec<(String, EntryKind)> {
+        let mut rec = Record::default();
+        let lower = LowerView::new(Vec::new());
+        let mut fill = FillParents::new(&mut rec, &lower);
+        for (p, k) in entries {
+            let e = Entry {
+                path: p.as_bytes().to_vec(),
+                meta: Meta::implied_dir(),
+                kind: k.clone(),
+            };
+            fill.add(e, None).unwrap();
+        }
+        rec.0
+    }
+
+    fn owned(v: &[(&str, EntryKind)]) -> Vec<(String, EntryKind)> {
+        v.iter().map(|(p, k)| (p.to_string(), k.clone())).collect()
+    }
+
+    #[test]
+    fn whiteouts_never_hide_their_own_layer() {
+        use EntryKind::{Dir, Fifo, Opaque, Whiteout};
+        // Below a path this layer made a non-directory (umoci repack does this): dropped.
+        let got = feed(&[("repl", Fifo), ("repl/child", Whiteout)]);
+        assert_eq!(got, owned(&[("repl", Fifo)]));
+        // After this layer's file: dropped.
+        let got = feed(&[("f", Fifo), ("f", Whiteout)]);
+        assert_eq!(got, owned(&[("f", Fifo)]));
+        // Before or after this layer's directory: the directory is opaque.
+        let got = feed(&[("d", Whiteout), ("d", Dir)]);
+        assert_eq!(got, owned(&[("d", Whiteout), ("d", Dir), ("d", Opaque)]));
+        let got = feed(&[("d/x", Fifo), ("d", Whiteout)]);
+        assert_eq!(got, owned(&[("d/x", Fifo), ("d", Opaque)]));
+        // Deleted, then given a child without a directory entry: a new opaque directory.
+        let got = feed(&[("e", Whiteout), ("e/y", Fifo)]);
+        assert_eq!(
+            got,
+            owned(&[("e", Whiteout), ("e", Dir), ("e", Opaque), ("e/y", Fifo)])
+        );
+        // A plain whiteout passes; one below a deleted directory is moot.
+        assert_eq!(feed(&[("g", Whiteout)]), owned(&[("g", Whiteout)]));
+        let got = feed(&[("h", Whiteout), ("h/z", Whiteout), ("h", Opaque)]);
+        assert_eq!(got, owned(&[("h", Whiteout)]));
+        // Whiteouts inside a directory, then of the directory: it is deleted, not emptied.
+        let got = feed(&[("k/z", Whiteout), ("k", Whiteout)]);
+        assert_eq!(got, owned(&[("k/z", Whiteout), ("k", Whiteout)]));
     }
 }
