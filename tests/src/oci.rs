@@ -15,6 +15,20 @@ fn s(p: &Path) -> &str {
     p.to_str().expect("utf8 path")
 }
 
+/// The paths whose hard-link groups differ between an extracted image and overlay layers: the fifth
+/// layer links to files of the layers below (extracted, one inode; under overlay, a copy).
+pub const CROSS_LAYER_LINKS: [&str; 9] = [
+    "ghostdir/biglink",
+    "usr/lib/big.bin",
+    "usr/big.hard",
+    "ghostdir/hostlink",
+    "ghostdir/hostlink2",
+    "etc/hostname",
+    "etc/hostname.hard",
+    "ghostdir/symlink-hard",
+    "usr/bin/link-rel",
+];
+
 /// True when umoci is installed (otherwise says why the caller skips).
 pub fn have_umoci() -> bool {
     let ok = Command::new("umoci")
@@ -72,8 +86,8 @@ elif cmd == 'add-tar':
     d, n = put(gzip.compress(data))
     man['layers'].append({'mediaType': 'application/vnd.oci.image.layer.v1.tar+gzip', 'digest': d, 'size': n})
     cfg['rootfs']['diff_ids'].append('sha256:' + hashlib.sha256(data).hexdigest()); save()
-elif cmd == 'drop-first':
-    man['layers'].pop(0); cfg['rootfs']['diff_ids'].pop(0); save()
+elif cmd == 'drop-layer':
+    n = int(args[0]); man['layers'].pop(n); cfg['rootfs']['diff_ids'].pop(n); save()
 elif cmd == 'zstd':
     for n, l in enumerate(man['layers']):
         z = subprocess.run(['zstd', '-q', '-c'], input=uncompressed(n), capture_output=True, check=True).stdout
@@ -171,8 +185,9 @@ pub fn second_layer(r: &Path) {
 }
 
 /// Builds the umoci image `L:t` in `work/L`; returns the layout path. The fifth layer (added verbatim)
-/// holds whiteouts that hide nothing, and whiteouts and entries at the same path in both orders (a
-/// whiteout never hides its own layer's entry; after a directory's content it makes it opaque).
+/// holds whiteouts that hide nothing, whiteouts and entries at the same path in both orders (a whiteout
+/// never hides its own layer's entry; after a directory's content it makes it opaque), and hard links to
+/// files of the layers below ([`CROSS_LAYER_LINKS`]).
 pub fn umoci_image(work: &Path) -> PathBuf {
     let layout = work.join("L");
     let bundle = work.join("B");
@@ -209,7 +224,7 @@ pub fn umoci_image(work: &Path) -> PathBuf {
         "python3",
         &[
             "-c",
-            "import tarfile, io, sys\nwith tarfile.open(sys.argv[1], 'w') as t:\n    d = tarfile.TarInfo('ghostdir'); d.type = tarfile.DIRTYPE; d.mode = 0o755; t.addfile(d)\n    for n in ['ghostdir/.wh.nothing', 'data/.wh.nonexistent', 'ghostdir/kept', 'ghostdir/same', 'ghostdir/.wh.same', 'data/.wh.keep', 'data/keep', 'f2d/new', 'f2d/.wh.inside', '.wh.f2d']:\n        t.addfile(tarfile.TarInfo(n), io.BytesIO(b''))\n",
+            "import tarfile, io, sys\nLINKS = [('ghostdir/biglink', 'usr/lib/big.bin'), ('ghostdir/hostlink', 'etc/hostname'), ('ghostdir/hostlink2', 'etc/hostname'), ('ghostdir/symlink-hard', 'usr/bin/link-rel')]\nwith tarfile.open(sys.argv[1], 'w') as t:\n    d = tarfile.TarInfo('ghostdir'); d.type = tarfile.DIRTYPE; d.mode = 0o755; t.addfile(d)\n    for n in ['ghostdir/.wh.nothing', 'data/.wh.nonexistent', 'ghostdir/kept', 'ghostdir/same', 'ghostdir/.wh.same', 'data/.wh.keep', 'data/keep', 'f2d/new', 'f2d/.wh.inside', '.wh.f2d']:\n        t.addfile(tarfile.TarInfo(n), io.BytesIO(b''))\n    for n, target in LINKS:\n        l = tarfile.TarInfo(n); l.type = tarfile.LNKTYPE; l.linkname = target; t.addfile(l)\n",
             s(&ghost),
         ],
     );

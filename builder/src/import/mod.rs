@@ -15,9 +15,10 @@
 //! overlay would list it as a broken entry).
 //! Each layer carries the labels `org.opencontainers.image.diff_id` and `org.strata.oci.chain_id`.
 //!
-//! Directories a layer implies without describing them take their metadata from the layers below, and
-//! whiteouts below a path the layer replaces with a non-directory are dropped ([`parents`]): both as
-//! extracting the layer over the layers below would leave them.
+//! Directories a layer implies without describing them take their metadata from the layers below,
+//! whiteouts follow the OCI rules against the layer's own entries ([`parents`]), and a hard link to a
+//! file of the layers below becomes a copy that references its stored chunks ([`links`]): all as
+//! extracting the layer over the layers below would leave them, as far as overlay can show it.
 //!
 //! **Reuse.** A strata layer depends on the layers below it, not only on its own tar: which whiteouts
 //! are kept and what metadata implied directories get come from them. So reuse is keyed by the OCI
@@ -42,6 +43,7 @@ use crate::oci::verify::Hashing;
 use crate::oci::{OciError, OciImage, OciLayer, Sha256Digest};
 use crate::source::{tar, EntrySink};
 
+mod links;
 mod parents;
 use parents::{FillParents, LowerView};
 
@@ -121,7 +123,7 @@ pub fn import_layers(
                     opts.keep_whiteout = Some(Arc::new(move |p: &[u8]| l.shows(p)));
                 }
                 let built = build_with(store, opts, |sink| {
-                    read_layer(layer, &mut FillParents::new(sink, &lower))
+                    read_layer(layer, &mut FillParents::new(sink, &lower, store))
                 })?;
                 store.put_index(&record, format!("{}\n", built.digest).into_bytes())?;
                 ImportedLayer {

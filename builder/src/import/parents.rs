@@ -20,6 +20,9 @@
 //! or after the layer's own directory at its path makes that directory opaque (the lower one is gone, the
 //! new one stays).
 //!
+//! A hard link to a path that is not a file of this layer is handed to [`LinksBelow`] (a file of the
+//! layers below).
+//!
 //! [`LowerView::shows`] also tells the builder which whiteouts hide something: one that hides nothing
 //! below — nothing is there, or the layer makes a parent directory opaque — is pruned, as overlay would
 //! list it as a broken entry in a directory only this layer has.
@@ -28,8 +31,10 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use strata_registry::digest::Digest;
+use strata_registry::model::BlobRef;
 use strata_registry::store::Store;
 
+use super::links::LinksBelow;
 use crate::erofs::{ErofsImage, Inode};
 use crate::error::BuildError;
 use crate::source::{Entry, EntryKind, EntrySink, Existing, FileSource};
@@ -38,12 +43,18 @@ use crate::tree::{Meta, OPAQUE_XATTR, S_IFCHR, S_IFDIR, S_IFMT};
 /// What the layers below show to the layer being built: their metadata images, top first (each loaded
 /// once per import and shared), seen through the directories the layer being built makes opaque.
 pub(super) struct LowerView {
-    layers: Vec<Arc<ErofsImage>>,
+    pub(super) layers: Vec<Arc<LowerLayer>>,
     /// Directories the layer being built makes opaque: nothing below them shows.
     opaque_here: Mutex<HashSet<Vec<u8>>>,
 }
 
-fn erofs(e: crate::erofs::ErofsError) -> BuildError {
+/// One lower layer: its metadata image and its blobs (device `i + 1` is `blobs[i]`).
+pub(super) struct LowerLayer {
+    pub(super) image: ErofsImage,
+    pub(super) blobs: Vec<BlobRef>,
+}
+
+pub(super) fn erofs(e: crate::erofs::ErofsError) -> BuildError {
     BuildError::Erofs(format!("reading a lower layer's metadata: {e}"))
 }
 
@@ -63,8 +74,8 @@ enum Seen {
 }
 
 impl LowerView {
-    /// The view of `layers` (metadata images, top first).
-    pub(super) fn new(layers: Vec<Arc<ErofsImage>>) -> LowerView {
+    /// The view of `layers` (top first).
+    pub(super) fn new(layers: Vec<Arc<LowerLayer>>) -> LowerView {
         LowerView {
             layers,
             opaque_here: Mutex::new(HashSet::new()),
@@ -91,26 +102,33 @@ impl LowerView {
             && (set.contains(&path[..0]) || ancestors.any(|(i, _)| set.contains(&path[..i])))
     }
 
-    /// Loads one layer's metadata image.
-    pub(super) fn load(store: &Store, layer: &Digest) -> Result<Arc<ErofsImage>, BuildError> {
+    /// Loads one layer's metadata image and blob list.
+    pub(super) fn load(store: &Store, layer: &Digest) -> Result<Arc<LowerLayer>, BuildError> {
         let desc = store.get_layer(layer)?;
         let image = ErofsImage::parse(store.get_meta(&desc.meta.digest)?).map_err(erofs)?;
-        Ok(Arc::new(image))
+        Ok(Arc::new(LowerLayer {
+            image,
+            blobs: desc.blobs,
+        }))
     }
 
-    /// What the merged lower layers show at `path`, if anything.
-    fn lookup(&self, path: &[u8]) -> Result<Option<Inode>, BuildError> {
+    /// What the merged lower layers show at `path`, if anything, and which layer (index) shows it.
+    pub(super) fn lookup_at(&self, path: &[u8]) -> Result<Option<(usize, Inode)>, BuildError> {
         if self.hidden(path) {
             return Ok(None);
         }
-        for image in &self.layers {
-            match seen(image, path).map_err(erofs)? {
-                Seen::Found(i) => return Ok(Some(i)),
+        for (i, layer) in self.layers.iter().enumerate() {
+            match seen(&layer.image, path).map_err(erofs)? {
+                Seen::Found(inode) => return Ok(Some((i, inode))),
                 Seen::Stop => return Ok(None),
                 Seen::Absent => {}
             }
         }
         Ok(None)
+    }
+
+    fn lookup(&self, path: &[u8]) -> Result<Option<Inode>, BuildError> {
+        Ok(self.lookup_at(path)?.map(|(_, i)| i))
     }
 
     /// True if the merged lower layers show an entry at `path` (a whiteout there hides something).
@@ -121,21 +139,17 @@ impl LowerView {
 
     /// The metadata of the directory at `path` in the merged lower layers, if it is a directory there.
     pub(super) fn dir_meta(&self, path: &[u8]) -> Result<Option<Meta>, BuildError> {
-        let Some(dir) = self.lookup(path)?.filter(|i| i.mode & S_IFMT == S_IFDIR) else {
-            return Ok(None);
-        };
-        let mut xattrs = dir.xattrs;
-        xattrs.retain(|(k, _)| k != OPAQUE_XATTR);
-        xattrs.sort();
-        Ok(Some(Meta {
-            perm: dir.mode & 0o7777,
-            uid: dir.uid,
-            gid: dir.gid,
-            mtime: dir.mtime,
-            mtime_nsec: dir.mtime_nsec,
-            xattrs,
-        }))
+        let dir = self.lookup(path)?.filter(|i| i.mode & S_IFMT == S_IFDIR);
+        Ok(dir.as_ref().map(meta_of))
     }
+}
+
+/// An inode's metadata as a source entry carries it (overlay's opaque marker left out).
+pub(super) fn meta_of(i: &Inode) -> Meta {
+    let mut meta = i.meta();
+    meta.xattrs.retain(|(k, _)| k != OPAQUE_XATTR);
+    meta.xattrs.sort();
+    meta
 }
 
 fn is_whiteout(i: &Inode) -> bool {
@@ -169,6 +183,8 @@ fn seen(image: &ErofsImage, path: &[u8]) -> Result<Seen, crate::erofs::ErofsErro
 pub(super) struct FillParents<'a> {
     pub inner: &'a mut dyn EntrySink,
     pub lower: &'a LowerView,
+    /// Hard links to files of the layers below.
+    links: LinksBelow<'a>,
     /// Directories described by the source or already filled in.
     known: HashSet<Vec<u8>>,
     /// Paths the source gave as non-directories.
@@ -180,10 +196,15 @@ pub(super) struct FillParents<'a> {
 }
 
 impl<'a> FillParents<'a> {
-    pub(super) fn new(inner: &'a mut dyn EntrySink, lower: &'a LowerView) -> FillParents<'a> {
+    pub(super) fn new(
+        inner: &'a mut dyn EntrySink,
+        lower: &'a LowerView,
+        store: &'a Store,
+    ) -> FillParents<'a> {
         FillParents {
             inner,
             lower,
+            links: LinksBelow::new(store),
             known: HashSet::new(),
             nondirs: HashSet::new(),
             whiteouts: HashSet::new(),
@@ -276,6 +297,19 @@ impl EntrySink for FillParents<'_> {
                 return if deleted { self.opaque(&path) } else { Ok(()) };
             }
             EntryKind::Opaque => self.lower.hide_below(&path),
+            EntryKind::HardLink(ref target) if !self.nondirs.contains(target) => {
+                // Not a file of this layer: one of the layers below.
+                let (copy, bytes) = self.links.entry(self.lower, &path, target)?;
+                self.whiteouts.remove(&path);
+                self.nondirs.insert(path);
+                return match bytes {
+                    Some(b) => {
+                        let mut r = std::io::Cursor::new(b);
+                        self.inner.add(copy, Some(FileSource::Stream(&mut r)))
+                    }
+                    None => self.inner.add(copy, None),
+                };
+            }
             _ => {
                 self.whiteouts.remove(&path);
                 self.nondirs.insert(path);
@@ -304,7 +338,9 @@ mod tests {
     fn feed(entries: &[(&str, EntryKind)]) -> Vec<(String, EntryKind)> {
         let mut rec = Record::default();
         let lower = LowerView::new(Vec::new());
-        let mut fill = FillParents::new(&mut rec, &lower);
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("file://{}", dir.path().display())).unwrap();
+        let mut fill = FillParents::new(&mut rec, &lower, &store);
         for (p, k) in entries {
             let e = Entry {
                 path: p.as_bytes().to_vec(),

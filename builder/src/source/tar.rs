@@ -90,9 +90,10 @@ pub fn read_tar(reader: impl Read, sink: &mut dyn EntrySink) -> Result<(), Build
     read_tar_checked(reader, sink, false)
 }
 
-/// [`read_tar`] for a stream whose completeness the caller checks itself (an OCI layer, verified
-/// against its digests): a stream that ends at a member boundary without the end-of-archive block is
-/// accepted. Some writers leave the block out (`umoci insert` does); Go's and GNU tar readers accept it.
+/// [`read_tar`] for an OCI layer, whose completeness the caller checks itself against its digests: a
+/// stream that ends at a member boundary without the end-of-archive block is accepted (some writers leave
+/// the block out, `umoci insert` does; Go's and GNU tar readers accept it), and a hard link may name a
+/// path that is not an earlier member — a file of the layers below, which the sink must resolve.
 pub fn read_tar_verified(reader: impl Read, sink: &mut dyn EntrySink) -> Result<(), BuildError> {
     read_tar_checked(reader, sink, true)
 }
@@ -100,7 +101,7 @@ pub fn read_tar_verified(reader: impl Read, sink: &mut dyn EntrySink) -> Result<
 fn read_tar_checked(
     reader: impl Read,
     sink: &mut dyn EntrySink,
-    verified: bool,
+    layer: bool,
 ) -> Result<(), BuildError> {
     let tap = RefCell::new(Tap {
         recording: true,
@@ -113,6 +114,7 @@ fn read_tar_checked(
     let mut state = State {
         tap: &tap,
         seen: HashSet::new(),
+        links_below: layer,
         last: None,
     };
     let entries = archive.entries().map_err(|e| state.stream_error(e))?;
@@ -120,7 +122,7 @@ fn read_tar_checked(
         let entry = item.map_err(|e| state.stream_error(e))?;
         state.member(entry, sink)?;
     }
-    state.finish(&mut archive.into_inner(), verified)
+    state.finish(&mut archive.into_inner(), layer)
 }
 
 /// What the tap saw of the input.
@@ -164,6 +166,8 @@ struct State<'t> {
     tap: &'t RefCell<Tap>,
     /// Non-directory paths emitted so far: the valid hard link targets.
     seen: HashSet<Vec<u8>>,
+    /// Hard links may also name paths of the layers below (the sink resolves them).
+    links_below: bool,
     /// The last member handled, for error messages.
     last: Option<String>,
 }
@@ -353,7 +357,7 @@ impl State<'_> {
                 EntryType::Symlink => EntryKind::Symlink(link),
                 EntryType::Link => {
                     let target = normalize(&link).map_err(|b| b.error(&shown, true))?;
-                    if !self.seen.contains(&target) {
+                    if !self.seen.contains(&target) && !self.links_below {
                         let t = show(&target);
                         return Err(bad(&format_args!(
                             "hard link to {t:?}, not an earlier non-directory entry"
