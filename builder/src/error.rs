@@ -33,6 +33,8 @@ pub enum BuildError {
     Option(String),
     #[error("layer {layer}: {why}")]
     Layer { layer: String, why: String },
+    #[error("{0}")]
+    Oci(#[from] crate::oci::OciError),
 }
 
 impl BuildError {

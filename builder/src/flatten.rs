@@ -141,17 +141,6 @@ pub fn flatten(
     })
 }
 
-fn meta_of(i: &Inode) -> Meta {
-    Meta {
-        perm: i.mode & 0o7777,
-        uid: i.uid,
-        gid: i.gid,
-        mtime: i.mtime,
-        mtime_nsec: i.mtime_nsec,
-        xattrs: i.xattrs.clone(),
-    }
-}
-
 fn is_opaque(m: &Meta) -> bool {
     m.xattrs.iter().any(|(k, v)| k == OPAQUE_XATTR && v == b"y")
 }
@@ -170,7 +159,7 @@ fn apply(
     let mut links: HashMap<u64, Vec<u8>> = HashMap::new();
     while let Some((path, nid)) = stack.pop() {
         let inode = s.image.inode(nid).map_err(err)?;
-        let mut meta = meta_of(&inode);
+        let mut meta = inode.meta();
         let kind = match inode.mode & S_IFMT {
             S_IFDIR => {
                 let opaque = is_opaque(&meta);

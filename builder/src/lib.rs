@@ -5,6 +5,9 @@
 //! parent, writes the new chunks into one blob with its table of contents, and lays the tree out as an
 //! EROFS metadata image ([`erofs`]) whose chunk indexes point into the blobs' uncompressed views through the
 //! device table. The blob, the metadata and the layer descriptor are then stored, in that order.
+//!
+//! [`oci`] reads OCI image layouts and `docker save` archives; [`import`] turns their layers into strata
+//! layers, verifying every digest on the way and reusing layers imported before.
 
 pub mod erofs;
 pub mod error;
@@ -15,5 +18,7 @@ pub use error::BuildError;
 pub mod build;
 pub mod chunker;
 pub mod flatten;
+pub mod import;
+pub mod oci;
 
 pub use build::{build_dir, build_tar, build_with, BuildOptions, BuiltLayer};

@@ -294,7 +294,13 @@ impl Tree {
         };
         if let (Some(id), NodeKind::Dir(_)) = (existing, &kind) {
             if matches!(self.nodes[id].kind, NodeKind::Dir(_)) {
-                self.nodes[id].meta = meta;
+                // An opaque marker seen before the directory's own entry (OCI layers may put
+                // `.wh..wh..opq` first) marks the layer's directory, not the metadata it replaces.
+                let old = std::mem::replace(&mut self.nodes[id].meta, meta);
+                if let Some((_, v)) = old.xattrs.iter().find(|(k, _)| k == OPAQUE_XATTR) {
+                    let v = v.clone();
+                    set_xattr(&mut self.nodes[id].meta.xattrs, OPAQUE_XATTR, &v);
+                }
                 return Ok(id);
             }
         }
@@ -450,6 +456,24 @@ mod tests {
         let d = t.lookup(b"d").unwrap();
         assert!(t.nodes[d].meta.xattrs.is_empty());
         assert!(t.lookup(b"d/gone").is_none());
+    }
+
+    #[test]
+    fn opaque_marker_survives_the_directory_entry() {
+        let mut t = Tree::new();
+        let d = t.set_opaque(b"d").unwrap();
+        let mut meta = Meta::implied_dir();
+        meta.perm = 0o700;
+        assert_eq!(
+            t.insert(b"d", meta, NodeKind::Dir(BTreeMap::new()))
+                .unwrap(),
+            d
+        );
+        assert_eq!(t.nodes[d].meta.perm, 0o700);
+        assert_eq!(
+            t.nodes[d].meta.xattrs,
+            vec![(OPAQUE_XATTR.to_vec(), b"y".to_vec())]
+        );
     }
 
     #[test]

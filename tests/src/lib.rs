@@ -2,6 +2,7 @@
 //! generator of trees holding every kind of entry and metadata, and an entry-by-entry snapshot of a tree
 //! for comparing a source with what the kernel (or `strata ls`/`cat`) shows.
 
+pub mod oci;
 pub mod proxy;
 
 use std::collections::BTreeMap;

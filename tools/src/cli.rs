@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
-use crate::{images, layers, node, snapshot, trace, view};
+use crate::{images, import, layers, node, snapshot, trace, view};
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
@@ -83,6 +83,8 @@ pub enum Cmd {
         sandbox: String,
         dir: PathBuf,
     },
+    /// Import an OCI image layout (oci:DIR[:REF]) or docker save archive (docker-archive:FILE[:REF]).
+    Import(import::ImportArgs),
     /// Pack a sandbox's writable delta (an overlay upper directory) as a diff layer on its image.
     PackDiff(snapshot::PackDiffArgs),
     /// Collapse an image's layers (from --from N to the top) into one, applying whiteouts.
@@ -138,6 +140,7 @@ pub fn run(cli: Cli) -> Result<()> {
             json,
         } => view::ls(&store, &reference, &path, json),
         Cmd::Cat { reference, path } => view::cat(&store, &reference, &path),
+        Cmd::Import(a) => import::import(&store, a),
         Cmd::Materialize { layer, dir } => layers::materialize(&store, &layer, &dir),
         Cmd::PackDiff(a) => snapshot::pack_diff(&store, &cli.socket, a),
         Cmd::Flatten(a) => snapshot::flatten(&store, a),

@@ -7,9 +7,10 @@
 //! | 2 | bad usage (unknown flag, invalid reference or option) |
 //! | 3 | not found (image, tag, layer, path in an image, source) |
 //! | 4 | conflict (a tag changed concurrently) |
-//! | 5 | corrupt or malformed data (digest mismatch, bad metadata, bad tar) |
+//! | 5 | corrupt or malformed data (digest mismatch, bad metadata, bad tar, a broken OCI source) |
 //! | 6 | store unreachable or failing |
 
+use strata_builder::oci::OciError;
 use strata_builder::BuildError;
 use strata_registry::model::ModelError;
 use strata_registry::store::StoreError;
@@ -35,6 +36,18 @@ fn store_code(e: &StoreError) -> i32 {
     }
 }
 
+fn oci_code(e: &OciError) -> i32 {
+    match e {
+        OciError::Usage(_) => 2,
+        OciError::NotFound(_) => 3,
+        OciError::MissingBlob { .. }
+        | OciError::DigestMismatch { .. }
+        | OciError::SizeMismatch { .. }
+        | OciError::Malformed(_) => 5,
+        OciError::Unsupported(_) | OciError::Io { .. } => 1,
+    }
+}
+
 /// The exit status for an error.
 pub fn code(e: &anyhow::Error) -> i32 {
     for cause in e.chain() {
@@ -47,8 +60,12 @@ pub fn code(e: &anyhow::Error) -> i32 {
                 BuildError::MissingSource { .. } => 3,
                 BuildError::Option(_) => 2,
                 BuildError::Tar(_) | BuildError::UnsafeEntry { .. } => 5,
+                BuildError::Oci(o) => oci_code(o),
                 _ => 1,
             };
+        }
+        if let Some(o) = cause.downcast_ref::<OciError>() {
+            return oci_code(o);
         }
         if cause.downcast_ref::<ModelError>().is_some() || cause.downcast_ref::<Usage>().is_some() {
             return 2;

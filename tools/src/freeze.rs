@@ -2,13 +2,12 @@
 //!
 //! A sandbox's processes are found by their root directory: every process whose `/proc/PID/root` is the
 //! sandbox's rootfs (same device and inode: the overlay's root, however the runtime bound it). They are
-//! paused with the cgroup freezer when each of their cgroups (with its descendants) holds only them —
-//! runc and crun give a container a cgroup of its own: on cgroup v2 by writing `1` to `cgroup.freeze` and
-//! waiting for `cgroup.events` to say `frozen 1`, on a v1 (or hybrid) hierarchy by writing `FROZEN` to the
-//! freezer controller's `freezer.state` and waiting until it reads `FROZEN`. Processes sharing a cgroup with others (bubblewrap started from a
+//! paused with the cgroup v2 freezer when each of their cgroups (with its descendants) holds only them —
+//! runc and crun give a container a cgroup of its own — by writing `1` to `cgroup.freeze` and waiting for
+//! `cgroup.events` to say `frozen 1`. Processes sharing a cgroup with others (bubblewrap started from a
 //! shell, say) are stopped with `SIGSTOP` instead, and we wait until each is in state `T`. Whatever was
 //! paused is resumed when the [`Frozen`] value is dropped — on success and on every error path — with
-//! `0` to `cgroup.freeze`, `THAWED` to `freezer.state`, or `SIGCONT`. The process running `pack_diff` is never paused.
+//! `0` to `cgroup.freeze` or `SIGCONT`. The process running `pack_diff` is never paused.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
@@ -21,61 +20,9 @@ use serde_json::{json, Value};
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const WAIT: Duration = Duration::from_secs(5);
 
-/// A cgroup with a freezer: its directory and which interface it has.
-struct Freezer {
-    dir: PathBuf,
-    v1: bool,
-}
-
-impl Freezer {
-    /// The freezer cgroup of `pid`: cgroup v2 when `/sys/fs/cgroup` is the unified hierarchy, else the
-    /// v1 `freezer` controller. `None` for the root cgroup or without a freezer.
-    fn of(pid: i32) -> Option<Freezer> {
-        let s = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-        let unified = Path::new(CGROUP_ROOT).join("cgroup.controllers").exists();
-        let (path, v1) = if unified {
-            (s.lines().find_map(|l| l.strip_prefix("0::"))?, false)
-        } else {
-            let line = s.lines().find(|l| {
-                l.split(':')
-                    .nth(1)
-                    .is_some_and(|c| c.split(',').any(|c| c == "freezer"))
-            })?;
-            (line.splitn(3, ':').nth(2)?, true)
-        };
-        if path == "/" {
-            return None;
-        }
-        let rel = path.trim_start_matches('/');
-        let dir = match v1 {
-            true => Path::new(CGROUP_ROOT).join("freezer").join(rel),
-            false => Path::new(CGROUP_ROOT).join(rel),
-        };
-        let control = if v1 { "freezer.state" } else { "cgroup.freeze" };
-        dir.join(control).exists().then_some(Freezer { dir, v1 })
-    }
-
-    fn set(&self, frozen: bool) -> std::io::Result<()> {
-        match (self.v1, frozen) {
-            (true, true) => std::fs::write(self.dir.join("freezer.state"), "FROZEN"),
-            (true, false) => std::fs::write(self.dir.join("freezer.state"), "THAWED"),
-            (false, f) => std::fs::write(self.dir.join("cgroup.freeze"), if f { "1" } else { "0" }),
-        }
-    }
-
-    fn is_frozen(&self) -> bool {
-        match self.v1 {
-            true => std::fs::read_to_string(self.dir.join("freezer.state"))
-                .is_ok_and(|s| s.trim() == "FROZEN"),
-            false => std::fs::read_to_string(self.dir.join("cgroup.events"))
-                .is_ok_and(|s| s.lines().any(|l| l == "frozen 1")),
-        }
-    }
-}
-
 /// Paused processes; resumed on drop.
 pub struct Frozen {
-    cgroups: Vec<Freezer>,
+    cgroups: Vec<PathBuf>,
     stopped: Vec<i32>,
     pids: Vec<i32>,
 }
@@ -102,6 +49,13 @@ pub fn sandbox_pids(rootfs: &Path) -> Result<Vec<i32>> {
     }
     out.sort_unstable();
     Ok(out)
+}
+
+fn cgroup_of(pid: i32) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
 }
 
 /// Every process in `dir` and its descendant cgroups.
@@ -140,15 +94,11 @@ impl Frozen {
         let pids = sandbox_pids(rootfs)?;
         let me = std::process::id() as i32;
         let set: BTreeSet<i32> = pids.iter().copied().collect();
-        let mut by_cgroup: BTreeMap<PathBuf, (Freezer, Vec<i32>)> = BTreeMap::new();
+        let mut by_cgroup: BTreeMap<String, Vec<i32>> = BTreeMap::new();
         let mut loose = Vec::new();
         for &p in &pids {
-            match Freezer::of(p) {
-                Some(fz) => by_cgroup
-                    .entry(fz.dir.clone())
-                    .or_insert((fz, Vec::new()))
-                    .1
-                    .push(p),
+            match cgroup_of(p) {
+                Some(c) => by_cgroup.entry(c).or_default().push(p),
                 None => loose.push(p),
             }
         }
@@ -157,22 +107,25 @@ impl Frozen {
             stopped: Vec::new(),
             pids: pids.clone(),
         };
-        for (dir, (fz, members)) in by_cgroup {
+        for (cg, members) in by_cgroup {
+            let dir = Path::new(CGROUP_ROOT).join(cg.trim_start_matches('/'));
             let mut inside = BTreeSet::new();
-            let own = procs_below(&dir, &mut inside).is_ok()
+            let own = cg != "/"
+                && dir.join("cgroup.freeze").exists()
+                && procs_below(&dir, &mut inside).is_ok()
                 && !inside.contains(&me)
                 && inside.is_subset(&set);
             if !own {
                 loose.extend(members);
                 continue;
             }
-            fz.set(true)
+            std::fs::write(dir.join("cgroup.freeze"), "1")
                 .with_context(|| format!("freezing cgroup {}", dir.display()))?;
-            let what = format!("freezing cgroup {}", dir.display());
-            f.cgroups.push(fz);
-            if let Some(fz) = f.cgroups.last() {
-                wait_for(&what, || fz.is_frozen())?;
-            }
+            f.cgroups.push(dir.clone());
+            let events = dir.join("cgroup.events");
+            wait_for(&format!("freezing cgroup {}", dir.display()), || {
+                std::fs::read_to_string(&events).is_ok_and(|s| s.lines().any(|l| l == "frozen 1"))
+            })?;
         }
         for p in loose {
             // SAFETY: kill has no memory preconditions; a pid that exited gives ESRCH, ignored.
@@ -195,7 +148,7 @@ impl Frozen {
     pub fn describe(&self) -> Value {
         json!({
             "pids": self.pids,
-            "cgroups": self.cgroups.iter().map(|c| &c.dir).collect::<Vec<_>>(),
+            "cgroups": self.cgroups,
             "stopped": self.stopped,
         })
     }
@@ -203,9 +156,9 @@ impl Frozen {
 
 impl Drop for Frozen {
     fn drop(&mut self) {
-        for fz in &self.cgroups {
-            if let Err(e) = fz.set(false) {
-                eprintln!("strata: warning: thawing cgroup {}: {e}", fz.dir.display());
+        for dir in &self.cgroups {
+            if let Err(e) = std::fs::write(dir.join("cgroup.freeze"), "0") {
+                eprintln!("strata: warning: thawing cgroup {}: {e}", dir.display());
             }
         }
         for &p in &self.stopped {

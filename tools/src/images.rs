@@ -111,6 +111,17 @@ pub fn make_image(
     config: ImageConfig,
     tag: &TagName,
 ) -> Result<Digest> {
+    make_annotated_image(store, layers, config, Default::default(), tag)
+}
+
+/// Makes and tags a manifest from layers, with annotations.
+pub fn make_annotated_image(
+    store: &Store,
+    layers: Vec<(Digest, LayerDescriptor)>,
+    config: ImageConfig,
+    annotations: std::collections::BTreeMap<String, String>,
+    tag: &TagName,
+) -> Result<Digest> {
     if let Some((d, bottom)) = layers.first() {
         if bottom.stats.whiteouts > 0 {
             bail!(Usage(format!(
@@ -129,7 +140,7 @@ pub fn make_image(
             })
             .collect(),
         config,
-        annotations: Default::default(),
+        annotations,
     };
     let digest = store.put_manifest(&m)?;
     let prev = store.tag_get(tag)?;

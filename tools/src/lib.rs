@@ -10,6 +10,7 @@ pub mod daemon;
 mod exit;
 mod freeze;
 mod images;
+mod import;
 mod layers;
 mod node;
 mod snapshot;

@@ -97,6 +97,18 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// The metadata a source entry for this inode carries (permission bits, owner, times, xattrs).
+    pub fn meta(&self) -> crate::tree::Meta {
+        crate::tree::Meta {
+            perm: self.mode & 0o7777,
+            uid: self.uid,
+            gid: self.gid,
+            mtime: self.mtime,
+            mtime_nsec: self.mtime_nsec,
+            xattrs: self.xattrs.clone(),
+        }
+    }
+
     pub fn is_dir(&self) -> bool {
         self.mode & 0o170000 == 0o040000
     }

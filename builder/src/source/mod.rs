@@ -37,7 +37,8 @@ pub enum EntryKind {
         size: u64,
     },
     Symlink(Vec<u8>),
-    /// A hard link to an earlier entry of the same source (relative path).
+    /// A hard link to an earlier entry of the same source (relative path); from an OCI layer
+    /// ([`tar::read_tar_verified`]) possibly to a file of the layers below, which the sink resolves.
     HardLink(Vec<u8>),
     CharDev {
         rdev: u64,

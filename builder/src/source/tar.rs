@@ -87,6 +87,22 @@ pub fn open_stream(mut reader: Box<dyn Read + Send>) -> Result<Box<dyn Read + Se
 
 /// Reads a (decompressed) tar stream and hands every member to `sink` (see the module documentation).
 pub fn read_tar(reader: impl Read, sink: &mut dyn EntrySink) -> Result<(), BuildError> {
+    read_tar_checked(reader, sink, false)
+}
+
+/// [`read_tar`] for an OCI layer, whose completeness the caller checks itself against its digests: a
+/// stream that ends at a member boundary without the end-of-archive block is accepted (some writers leave
+/// the block out, `umoci insert` does; Go's and GNU tar readers accept it), and a hard link may name a
+/// path that is not an earlier member — a file of the layers below, which the sink must resolve.
+pub fn read_tar_verified(reader: impl Read, sink: &mut dyn EntrySink) -> Result<(), BuildError> {
+    read_tar_checked(reader, sink, true)
+}
+
+fn read_tar_checked(
+    reader: impl Read,
+    sink: &mut dyn EntrySink,
+    layer: bool,
+) -> Result<(), BuildError> {
     let tap = RefCell::new(Tap {
         recording: true,
         ..Tap::default()
@@ -98,6 +114,7 @@ pub fn read_tar(reader: impl Read, sink: &mut dyn EntrySink) -> Result<(), Build
     let mut state = State {
         tap: &tap,
         seen: HashSet::new(),
+        links_below: layer,
         last: None,
     };
     let entries = archive.entries().map_err(|e| state.stream_error(e))?;
@@ -105,7 +122,7 @@ pub fn read_tar(reader: impl Read, sink: &mut dyn EntrySink) -> Result<(), Build
         let entry = item.map_err(|e| state.stream_error(e))?;
         state.member(entry, sink)?;
     }
-    state.finish(&mut archive.into_inner())
+    state.finish(&mut archive.into_inner(), layer)
 }
 
 /// What the tap saw of the input.
@@ -149,6 +166,8 @@ struct State<'t> {
     tap: &'t RefCell<Tap>,
     /// Non-directory paths emitted so far: the valid hard link targets.
     seen: HashSet<Vec<u8>>,
+    /// Hard links may also name paths of the layers below (the sink resolves them).
+    links_below: bool,
     /// The last member handled, for error messages.
     last: Option<String>,
 }
@@ -338,7 +357,7 @@ impl State<'_> {
                 EntryType::Symlink => EntryKind::Symlink(link),
                 EntryType::Link => {
                     let target = normalize(&link).map_err(|b| b.error(&shown, true))?;
-                    if !self.seen.contains(&target) {
+                    if !self.seen.contains(&target) && !self.links_below {
                         let t = show(&target);
                         return Err(bad(&format_args!(
                             "hard link to {t:?}, not an earlier non-directory entry"
@@ -377,13 +396,13 @@ impl State<'_> {
     }
 
     /// After the end-of-archive block: checks the input did not just stop, then reads it to its end.
-    fn finish(&self, input: &mut impl Read) -> Result<(), BuildError> {
+    fn finish(&self, input: &mut impl Read, verified: bool) -> Result<(), BuildError> {
         let (eof, pos) = {
             let mut tap = self.tap.borrow_mut();
             (tap.recording, tap.window) = (false, Vec::new());
             (tap.eof, tap.pos)
         };
-        if eof {
+        if eof && !verified {
             return Err(
                 self.stream_error("truncated: the stream ends without the end-of-archive block")
             );

@@ -9,6 +9,7 @@
 //! manifests/<hex>.json   image manifests
 //! tags/<name>/<tag>      tags (the text `blake3:<hex>`); a local store serializes updates with tags/.lock
 //! plans/<hex>.json       prefetch plans (content addressed); plans/by-manifest/<hex> names an image's plan
+//! oci/<sha256>           import records: the layer made from an OCI layer, by its chain ID
 //! tmp/                   a local store's spool for blobs being written
 //! ```
 //!
@@ -121,6 +122,11 @@ pub mod key {
     /// The pointer to the prefetch plan of the image with manifest `d` (an index object).
     pub fn plan_of(manifest: &Digest) -> String {
         format!("plans/by-manifest/{}", manifest.hex())
+    }
+    /// The layer imported from the OCI layer whose chain ID (the layer and the layers below it) is
+    /// `sha256:<chain_id_hex>`.
+    pub fn oci_import(chain_id_hex: &str) -> String {
+        format!("oci/{chain_id_hex}")
     }
 }
 

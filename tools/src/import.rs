@@ -1,0 +1,173 @@
+//! `strata import`: an OCI image layout or a `docker save` archive becomes a tagged strata image.
+//!
+//! The source is parsed and its JSON blobs verified first ([`strata_builder::oci::open`]), so a bad
+//! source fails before anything is stored. Then every layer is imported bottom first
+//! ([`strata_builder::import`]: verified in the same pass, deduplicated against the layers below, reused
+//! when an earlier import made it), the manifest is written with the image config, and the tag is set
+//! last — a failure at any point leaves nothing a tag refers to. With `--flatten` the imported layers are
+//! then collapsed into one ([`strata_builder::flatten`]: whiteouts applied, chunks referenced, no data
+//! moved) and the image has that one layer; the per-layer imports stay reusable.
+
+use std::io::IsTerminal;
+use std::time::Instant;
+
+use anyhow::Result;
+use serde_json::json;
+use strata_builder::import::{import_layers, ImportedLayer};
+use strata_builder::oci::{self, Platform, Source};
+use strata_builder::BuildOptions;
+use strata_registry::model::{LayerKind, TagName};
+use strata_registry::store::Store;
+
+use crate::exit::NotFound;
+use crate::images::{human, make_annotated_image};
+use crate::layers::with_progress;
+
+/// Arguments of `strata import`.
+#[derive(clap::Args)]
+pub struct ImportArgs {
+    /// oci:DIR[:REF] (an OCI image layout) or docker-archive:FILE[:REPO:TAG] (`docker save` output).
+    pub src: String,
+    /// Tag for the imported image.
+    #[arg(short = 't', long = "tag")]
+    pub tag: String,
+    /// Platform to pick from a multi-platform index: os/arch[/variant] (default: linux/<this machine>).
+    #[arg(long)]
+    pub platform: Option<String>,
+    /// Make one layer of the whole image instead of one per OCI layer.
+    #[arg(long)]
+    pub flatten: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `strata import`.
+pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
+    let tag = TagName::parse(&a.tag)?;
+    let source = Source::parse(&a.src)?;
+    let platform = match &a.platform {
+        Some(p) => Platform::parse(p)?,
+        None => Platform::host(),
+    };
+    let start = Instant::now();
+    let image = oci::open(&source, &platform)?;
+    // A single-platform image is taken as it is; it must be the platform asked for, if one was.
+    let found = Platform::parse(&image.platform).ok();
+    let matches = found
+        .as_ref()
+        .is_some_and(|f| platform.matches(&f.os, &f.architecture, f.variant.as_deref()));
+    if !matches {
+        if a.platform.is_some() {
+            return Err(NotFound(format!(
+                "{}: the image is for {}, not {platform}",
+                a.src, image.platform
+            ))
+            .into());
+        }
+        eprintln!(
+            "strata: warning: {} is an image for {}, not for this machine ({platform})",
+            a.src, image.platform
+        );
+    }
+    let mut opts = BuildOptions::new(LayerKind::Base);
+    if let Some(t) = a.threads {
+        opts.threads = t.max(1);
+    }
+    let tty = std::io::stderr().is_terminal();
+    let total = image.layers.len();
+    let report = |l: &ImportedLayer| {
+        if tty {
+            let how = if l.reused { "reused" } else { "imported" };
+            // Clears the progress line first.
+            eprintln!(
+                "\r\x1b[2Klayer {}/{total} {how}: {} ({}, {} stored)",
+                l.number,
+                l.digest,
+                l.diff_id,
+                human(l.stored_bytes())
+            );
+        }
+    };
+    let mut flattened = None;
+    let layers = with_progress(opts.progress.clone(), || {
+        import_layers(store, &image, &opts, report)
+    })?;
+    let parts = if a.flatten && layers.len() > 1 {
+        // The layers are imported (and reusable) as usual, then collapsed without moving data.
+        let digests: Vec<_> = layers.iter().map(|l| l.digest).collect();
+        let mut fopts = BuildOptions::new(LayerKind::Base);
+        fopts.threads = opts.threads;
+        fopts
+            .labels
+            .insert("strata.flatten.layers".into(), digests.len().to_string());
+        let built = with_progress(fopts.progress.clone(), || {
+            strata_builder::flatten::flatten(store, &[], &digests, fopts)
+        })?;
+        flattened = Some((built.digest, built.descriptor.stats.clone()));
+        vec![(built.digest, built.descriptor)]
+    } else {
+        layers
+            .iter()
+            .map(|l| (l.digest, l.descriptor.clone()))
+            .collect()
+    };
+    let digest = make_annotated_image(
+        store,
+        parts,
+        image.config.clone(),
+        oci::annotations(&image),
+        &tag,
+    )?;
+    let stored: u64 = layers.iter().map(|l| l.stored_bytes()).sum::<u64>()
+        + flattened.as_ref().map_or(0, |(_, s)| s.stored_bytes);
+    if a.json {
+        let layers: Vec<_> = layers
+            .iter()
+            .map(|l| {
+                json!({
+                    "digest": l.digest.to_string(),
+                    "diff_id": l.diff_id.to_string(),
+                    "chain_id": l.chain_id.to_string(),
+                    "reused": l.reused,
+                    "stored_bytes": l.stored_bytes(),
+                    "whiteouts": l.descriptor.stats.whiteouts,
+                    "entries": l.descriptor.stats.entries,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "digest": digest.to_string(),
+                "tag": tag.to_string(),
+                "oci_manifest": image.manifest_digest.map(|d| d.to_string()),
+                "platform": image.platform,
+                "layers": layers,
+                "flattened": flattened.as_ref().map(|(d, s)| json!({
+                    "digest": d.to_string(),
+                    "stored_bytes": s.stored_bytes,
+                    "whiteouts": s.whiteouts,
+                    "entries": s.entries,
+                })),
+                "stored_bytes": stored,
+                "oci_blob_bytes": image.blob_bytes,
+                "seconds": start.elapsed().as_secs_f64(),
+            })
+        );
+    } else {
+        println!("{digest}");
+        if tty {
+            eprintln!(
+                "{tag}: {} layers, {} stored ({} of OCI blobs), in {:.1}s",
+                layers.len(),
+                human(stored),
+                human(image.blob_bytes),
+                start.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(())
+}
