@@ -89,6 +89,10 @@ fn handle(d: &Daemon, req: Request) -> (u16, &'static str, Vec<u8>) {
         |(status, v): (u16, Value)| (status, "application/json", v.to_string().into_bytes());
     let path = req.path.split('?').next().unwrap_or("");
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let query = req.path.split_once('?').map_or("", |(_, q)| q);
+    let purge = query
+        .split('&')
+        .any(|kv| matches!(kv, "purge" | "purge=1" | "purge=true"));
     match (req.method.as_str(), segs.as_slice()) {
         ("GET", ["metrics"]) => (
             200,
@@ -118,10 +122,21 @@ fn handle(d: &Daemon, req: Request) -> (u16, &'static str, Vec<u8>) {
                 Err(e) => error_json(&e),
             })
         }
-        ("DELETE", ["v1", "sandboxes", id]) => json_reply(match d.remove_sandbox(id) {
-            Ok(s) => (200, sandbox_json(d, &s)),
-            Err(e) => error_json(&e),
+        ("POST", ["v1", "trace", "start"]) => json_reply(match d.trace_start() {
+            true => (200, json!({"tracing": true})),
+            false => (409, json!({"error": "a trace is already running"})),
         }),
+        ("POST", ["v1", "trace", "stop"]) => json_reply((200, json!({"entries": d.trace_stop()}))),
+        ("DELETE", ["v1", "sandboxes", id]) => {
+            let removed = match purge {
+                true => d.purge_sandbox(id),
+                false => d.remove_sandbox(id),
+            };
+            json_reply(match removed {
+                Ok(s) => (200, sandbox_json(d, &s)),
+                Err(e) => error_json(&e),
+            })
+        }
         _ => json_reply((
             404,
             json!({"error": format!("no route {} {}", req.method, req.path)}),

@@ -38,6 +38,8 @@ const TTL: Duration = Duration::from_secs(3600);
 #[derive(Default)]
 pub struct BlobTable {
     inner: RwLock<Table>,
+    /// Records the chunks reads touch while a prefetch trace runs.
+    pub trace: strata_prefetch::Recorder,
 }
 
 #[derive(Default)]
@@ -57,6 +59,13 @@ impl BlobTable {
             t.by_digest.insert(d, ino);
         }
         d.hex()
+    }
+
+    /// The served blob with digest `d`.
+    pub fn handle(&self, d: &Digest) -> Option<Arc<BlobHandle>> {
+        let t = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        let ino = *t.by_digest.get(d)?;
+        t.blobs.get((ino - FIRST_BLOB) as usize).cloned()
     }
 
     /// True if the blob is served.
@@ -183,6 +192,7 @@ impl BlobFs {
                 continue;
             }
             let n = ((c.len as u64 - within) as usize).min(buf.len() - pos);
+            self.table.trace.record(&blob.blob.digest, i as u32);
             let bytes = self.fetcher.chunk(blob, i)?;
             bytes.read_at(&mut buf[pos..pos + n], within)?;
             pos += n;

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
+use strata_prefetch::{PlanEntry, WarmOptions};
 use strata_registry::digest::Digest;
 use strata_registry::model::{Manifest, Reference};
 use strata_registry::store::{Store, StoreError};
@@ -24,8 +25,10 @@ use strata_registry::store::{Store, StoreError};
 use crate::blobfs::{self, BlobFs, BlobTable};
 use crate::cache::ChunkCache;
 use crate::fetch::{BlobHandle, Fetcher};
+use crate::metadir;
 use crate::metrics::Metrics;
 use crate::mount::{self, MountError};
+use crate::warming::Warming;
 
 /// How the daemon runs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -47,6 +50,14 @@ pub struct Config {
     pub fuse_threads: usize,
     /// A group (gid) allowed to use the control socket and read the blob files, besides root.
     pub group: Option<u32>,
+    /// Warm an image's prefetch plan (if it has one) when a sandbox of it is created.
+    pub prefetch: bool,
+    /// Concurrent prefetch fetches.
+    pub prefetch_threads: usize,
+    /// Prefetch bandwidth cap in bytes per second (0: none).
+    pub prefetch_rate: u64,
+    /// Bound of the metadata kept on disk for layers no longer mounted (least recently used go first).
+    pub metadata_cache_size: u64,
 }
 
 impl Default for Config {
@@ -60,6 +71,10 @@ impl Default for Config {
             max_fetch_span: 4 << 20,
             fuse_threads: 8,
             group: None,
+            prefetch: true,
+            prefetch_threads: 4,
+            prefetch_rate: 256 << 20,
+            metadata_cache_size: 4 << 30,
         }
     }
 }
@@ -100,6 +115,16 @@ impl DaemonError {
             _ => 500,
         }
     }
+}
+
+/// Gives directory `dir` the owner, permissions and modification time of directory `from`.
+fn root_attrs(from: &Path, dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(from)?;
+    std::os::unix::fs::chown(dir, Some(m.uid()), Some(m.gid()))?;
+    std::fs::set_permissions(dir, m.permissions())?;
+    let f = std::fs::File::open(dir)?;
+    f.set_times(std::fs::FileTimes::new().set_modified(m.modified()?))
 }
 
 fn io(path: &Path, source: std::io::Error) -> DaemonError {
@@ -152,6 +177,7 @@ pub struct Daemon {
     /// Serializes mounting new layers (not sandboxes of mounted layers).
     layer_lock: Mutex<()>,
     fuse: Mutex<Option<fuser::BackgroundSession>>,
+    warming: Warming,
 }
 
 fn valid_id(id: &str) -> bool {
@@ -202,7 +228,14 @@ impl Daemon {
         let fuse_dir = config.runtime_dir.join("fuse");
         let session = blobfs::mount(fs, &fuse_dir, config.fuse_threads, config.group)
             .map_err(|e| io(&fuse_dir, e))?;
+        let warm_opts = config.prefetch.then(|| WarmOptions {
+            threads: config.prefetch_threads.max(1),
+            rate: config.prefetch_rate,
+            ..WarmOptions::default()
+        });
+        let warming = Warming::new(store.clone(), table.clone(), fetcher.clone(), warm_opts);
         Ok(Arc::new(Daemon {
+            warming,
             config,
             store,
             metrics,
@@ -261,7 +294,9 @@ impl Daemon {
             .join("layers")
             .join(format!("{}.erofs", d.hex()));
         let intact = std::fs::read(&meta_path).is_ok_and(|b| desc.meta.digest.matches(&b));
-        if !intact {
+        if intact {
+            metadir::touch(&meta_path);
+        } else {
             let image = self.store.get_meta(&desc.meta.digest)?;
             let tmp = meta_path.with_extension("tmp");
             std::fs::write(&tmp, &image).map_err(|e| io(&tmp, e))?;
@@ -312,6 +347,12 @@ impl Daemon {
                 tracing::warn!(error = %e, "releasing layer");
             }
             let _ = std::fs::remove_dir(&p);
+            let mounted = self.lock().layers.keys().map(Digest::hex).collect();
+            let dir = self.config.state_dir.join("layers");
+            let (files, bytes) = metadir::trim(&dir, &mounted, self.config.metadata_cache_size);
+            if files > 0 {
+                tracing::info!(files, bytes, "layer metadata trimmed to its bound");
+            }
         }
     }
 
@@ -360,9 +401,15 @@ impl Daemon {
             .join("sandboxes")
             .join(id)
             .join("rootfs");
+        let fresh = !upper.exists();
         let made = [&upper, &work, &rootfs]
             .iter()
             .try_for_each(|p| std::fs::create_dir_all(p).map_err(|e| io(p, e)));
+        // The overlay's root shows the upper directory's attributes: a new one takes the image's.
+        let made = match (made, lowers.last()) {
+            (Ok(()), Some(top)) if fresh => root_attrs(top, &upper).map_err(|e| io(&upper, e)),
+            (r, _) => r,
+        };
         lowers.reverse(); // overlay wants the top layer first
         let mounted = made.and_then(|_| {
             mount::mount_overlay(&lowers, &upper, &work, &rootfs).map_err(DaemonError::from)
@@ -387,6 +434,7 @@ impl Daemon {
             image_bytes,
         };
         self.lock().sandboxes.insert(id.to_string(), sb.clone());
+        self.warming.sandbox_created(&manifest);
         Ok(sb)
     }
 
@@ -406,6 +454,22 @@ impl Daemon {
         }
         for l in &sb.layers {
             self.release_layer(l);
+        }
+        Ok(sb)
+    }
+
+    /// [`Daemon::remove_sandbox`], then deletes its upper and work directories (and their directory if
+    /// that is left empty): for sandboxes nothing runs in any more and that will not be packed.
+    pub fn purge_sandbox(&self, id: &str) -> Result<Sandbox, DaemonError> {
+        let sb = self.remove_sandbox(id)?;
+        for d in [&sb.upper, &sb.work] {
+            match std::fs::remove_dir_all(d) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(d, e)),
+                _ => {}
+            }
+        }
+        if let Some(base) = sb.upper.parent() {
+            let _ = std::fs::remove_dir(base);
         }
         Ok(sb)
     }
@@ -447,22 +511,39 @@ impl Daemon {
             "cache": {"used": cache.used(), "capacity": cache.capacity(), "chunks": cache.len()},
             "layers": layers,
             "sandboxes": st.sandboxes.len(),
+            "prefetch": self.warming.status(),
+            "trace": self.table.trace.is_on(),
         })
+    }
+
+    /// Starts recording the chunks reads touch (`strata trace`); `false` if a trace already runs.
+    pub fn trace_start(&self) -> bool {
+        self.table.trace.start()
+    }
+
+    /// Stops the trace; returns the chunks touched, first touch first.
+    pub fn trace_stop(&self) -> Vec<PlanEntry> {
+        self.table.trace.stop()
     }
 
     /// Prometheus metrics.
     pub fn render_metrics(&self) -> String {
+        let prefetched = self.warming.totals();
         let cache = self.fetcher.cache();
         let st = self.lock();
         let extra = format!(
             "# HELP strata_cache_bytes Bytes in the chunk cache\n# TYPE strata_cache_bytes gauge\nstrata_cache_bytes {}\n\
              # HELP strata_cache_capacity_bytes Chunk cache bound\n# TYPE strata_cache_capacity_bytes gauge\nstrata_cache_capacity_bytes {}\n\
              # HELP strata_layers_mounted Layers mounted on this node\n# TYPE strata_layers_mounted gauge\nstrata_layers_mounted {}\n\
-             # HELP strata_sandboxes Sandboxes on this node\n# TYPE strata_sandboxes gauge\nstrata_sandboxes {}\n",
+             # HELP strata_sandboxes Sandboxes on this node\n# TYPE strata_sandboxes gauge\nstrata_sandboxes {}\n\
+             # HELP strata_prefetch_chunks_total Chunks fetched by prefetch\n# TYPE strata_prefetch_chunks_total counter\nstrata_prefetch_chunks_total {}\n\
+             # HELP strata_prefetch_bytes_total Bytes fetched by prefetch\n# TYPE strata_prefetch_bytes_total counter\nstrata_prefetch_bytes_total {}\n",
             cache.used(),
             cache.capacity(),
             st.layers.len(),
-            st.sandboxes.len()
+            st.sandboxes.len(),
+            prefetched.0,
+            prefetched.1
         );
         drop(st);
         self.metrics.render(&extra)
@@ -471,6 +552,7 @@ impl Daemon {
     /// Stops: detaches every sandbox rootfs and layer mount, then unmounts the blob server. Processes
     /// still running in a sandbox keep what they have open; reads of data not yet cached fail with EIO.
     pub fn shutdown(&self) {
+        self.warming.stop();
         let ids: Vec<String> = self.lock().sandboxes.keys().cloned().collect();
         for id in ids {
             let _ = self.remove_sandbox(&id);

@@ -4,9 +4,11 @@
 //! descriptors, image manifests and references ([`model`]) — does no I/O. [`store`] puts and gets those
 //! objects in a backend chosen by URL (`file://` or `s3://`), verifies every read against its digest, and
 //! moves tags only by compare-and-swap. [`blobread`] reads verified bytes out of a blob's uncompressed view.
+//! [`gc`] deletes what no tag reaches.
 
 pub mod blobread;
 pub mod digest;
+pub mod gc;
 pub mod model;
 pub mod store;
 pub mod toc;

@@ -47,6 +47,12 @@ fn snapshot_via_cli(store: &StoreEnv, image: &str) -> BTreeMap<Vec<u8>, CliEntry
         let listing = json(&store.ok(&["ls", "--json", image, &format!("/{dir}")]));
         for e in listing.as_array().expect("array") {
             let name = e["name"].as_str().expect("name");
+            if name.contains('\u{fffd}') {
+                let hex = e["name_hex"]
+                    .as_str()
+                    .expect("name_hex for a non-UTF-8 name");
+                assert!(hex.starts_with("62696eff"), "{hex}"); // "bin\xff..."
+            }
             let rel = if dir.is_empty() {
                 name.to_string()
             } else {

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
-use crate::{images, import, layers, node, snapshot, view};
+use crate::{images, import, layers, node, snapshot, trace, view};
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
@@ -63,10 +63,13 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Remove a sandbox's rootfs (its upper directory stays).
+    /// Remove a sandbox's rootfs (its upper directory stays, for pack_diff, unless --purge).
     Umount {
         #[arg(long)]
         sandbox: String,
+        /// Also delete its upper and work directories (nothing must run in it; it cannot be packed after).
+        #[arg(long)]
+        purge: bool,
     },
     /// Sandboxes, layers mounted, bytes fetched against image size, cache use.
     Ps {
@@ -86,6 +89,10 @@ pub enum Cmd {
     PackDiff(snapshot::PackDiffArgs),
     /// Collapse an image's layers (from --from N to the top) into one, applying whiteouts.
     Flatten(snapshot::FlattenArgs),
+    /// Delete store objects no tag reaches (older than --grace).
+    Gc(images::GcArgs),
+    /// Record which chunks a command reads in an image (through stratad), as the image's prefetch plan.
+    Trace(trace::TraceArgs),
     /// Write a layer's metadata and uncompressed blob views so the kernel or fsck.erofs can read it.
     Materialize {
         /// Layer digest, or an image with exactly one layer.
@@ -137,13 +144,15 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Materialize { layer, dir } => layers::materialize(&store, &layer, &dir),
         Cmd::PackDiff(a) => snapshot::pack_diff(&store, &cli.socket, a),
         Cmd::Flatten(a) => snapshot::flatten(&store, a),
+        Cmd::Trace(a) => trace::trace(&store, &cli.socket, a),
+        Cmd::Gc(a) => images::gc(&store, a),
         Cmd::Mount {
             image,
             sandbox,
             upper,
             json,
         } => node::mount(&cli.socket, &image, &sandbox, upper.as_deref(), json),
-        Cmd::Umount { sandbox } => node::umount(&cli.socket, &sandbox),
+        Cmd::Umount { sandbox, purge } => node::umount(&cli.socket, &sandbox, purge),
         Cmd::Ps { json } => node::ps(&cli.socket, json),
         Cmd::Bundle {
             image,

@@ -39,6 +39,18 @@ struct Args {
     /// Group (gid) allowed to use the control socket besides root.
     #[arg(long)]
     group: Option<u32>,
+    /// Do not warm images' prefetch plans when their sandboxes are created.
+    #[arg(long)]
+    no_prefetch: bool,
+    /// Concurrent prefetch fetches.
+    #[arg(long)]
+    prefetch_threads: Option<usize>,
+    /// Prefetch bandwidth cap per second, e.g. 256M (0: none).
+    #[arg(long)]
+    prefetch_rate: Option<String>,
+    /// Bound of the metadata kept for layers no longer mounted, e.g. 4G.
+    #[arg(long)]
+    metadata_cache_size: Option<String>,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -92,6 +104,18 @@ fn load(args: &Args) -> Result<Config> {
     }
     if let Some(n) = args.fuse_threads {
         c.fuse_threads = n;
+    }
+    if let Some(s) = &args.metadata_cache_size {
+        c.metadata_cache_size = parse_size(s)?;
+    }
+    if args.no_prefetch {
+        c.prefetch = false;
+    }
+    if let Some(n) = args.prefetch_threads {
+        c.prefetch_threads = n;
+    }
+    if let Some(s) = &args.prefetch_rate {
+        c.prefetch_rate = parse_size(s)?;
     }
     if args.group.is_some() {
         c.group = args.group;

@@ -369,3 +369,57 @@ fn print_layer(d: &Digest, l: &LayerDescriptor) {
         );
     }
 }
+
+/// Arguments of `strata gc`.
+#[derive(clap::Args)]
+pub struct GcArgs {
+    /// Keep unreferenced objects younger than this (builds in flight): e.g. 24h, 30m, 7d, 0s.
+    #[arg(long, default_value = "24h")]
+    pub grace: String,
+    /// Report what would be deleted; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `90s`, `30m`, `24h`, `7d`.
+fn parse_duration(s: &str) -> Result<std::time::Duration> {
+    let s = s.trim();
+    let bad = || {
+        Usage(format!(
+            "duration {s:?}: use a number and s, m, h or d, e.g. 24h"
+        ))
+    };
+    let unit = s.chars().last().ok_or_else(bad)?;
+    let mult = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86400,
+        _ => return Err(bad().into()),
+    };
+    let n: u64 = s[..s.len() - 1].parse().map_err(|_| bad())?;
+    Ok(std::time::Duration::from_secs(n.saturating_mul(mult)))
+}
+
+/// `strata gc`.
+pub fn gc(store: &Store, a: GcArgs) -> Result<()> {
+    let grace = parse_duration(&a.grace)?;
+    let r = strata_registry::gc::collect(store, grace, a.dry_run, std::time::SystemTime::now())?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    let verb = if a.dry_run { "would delete" } else { "deleted" };
+    println!(
+        "{} tags, {} live objects; {verb} {} objects ({}); kept {} unreferenced objects younger than {}",
+        r.tags,
+        r.live,
+        r.deleted,
+        human(r.deleted_bytes),
+        r.young,
+        a.grace
+    );
+    Ok(())
+}

@@ -77,6 +77,17 @@ pub(crate) fn with_progress<T>(
     out
 }
 
+/// Adds `KEY=VALUE` labels given on the command line.
+pub(crate) fn add_labels(opts: &mut BuildOptions, given: &[String]) -> Result<()> {
+    for l in given {
+        let (k, v) = l
+            .split_once('=')
+            .ok_or_else(|| Usage(format!("label {l:?} is not KEY=VALUE")))?;
+        opts.labels.insert(k.to_string(), v.to_string());
+    }
+    Ok(())
+}
+
 /// `strata build`.
 pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
     let tag = a.tag.as_deref().map(TagName::parse).transpose()?;
@@ -86,12 +97,7 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
     if let Some(t) = a.threads {
         opts.threads = t.max(1);
     }
-    for l in &a.labels {
-        let (k, v) = l
-            .split_once('=')
-            .ok_or_else(|| Usage(format!("label {l:?} is not KEY=VALUE")))?;
-        opts.labels.insert(k.to_string(), v.to_string());
-    }
+    add_labels(&mut opts, &a.labels)?;
     for p in &a.parent {
         opts.parents
             .extend(resolve_layers(store, p).with_context(|| format!("parent {p}"))?);

@@ -14,6 +14,7 @@ mod import;
 mod layers;
 mod node;
 mod snapshot;
+mod trace;
 mod view;
 
 use clap::Parser;

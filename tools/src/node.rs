@@ -41,8 +41,9 @@ pub fn mount(
 }
 
 /// `strata umount`.
-pub fn umount(socket: &Path, id: &str) -> Result<()> {
-    client(socket).call("DELETE", &format!("/v1/sandboxes/{id}"), None)?;
+pub fn umount(socket: &Path, id: &str, purge: bool) -> Result<()> {
+    let q = if purge { "?purge=1" } else { "" };
+    client(socket).call("DELETE", &format!("/v1/sandboxes/{id}{q}"), None)?;
     Ok(())
 }
 

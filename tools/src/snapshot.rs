@@ -31,7 +31,7 @@ use strata_registry::store::{Store, StoreError, TagState};
 use crate::exit::{NotFound, Usage};
 use crate::freeze::Frozen;
 use crate::images::{human, resolve_image};
-use crate::layers::with_progress;
+use crate::layers::{add_labels, with_progress};
 use crate::view::View;
 
 /// Arguments of `pack_diff` / `strata pack-diff`.
@@ -76,6 +76,8 @@ struct Target {
     manifest_digest: Digest,
     manifest: Manifest,
     rootfs: Option<PathBuf>,
+    /// The image's layer mounts on this node (a sandbox's), top first: whiteouts are checked there.
+    lowers: Vec<PathBuf>,
 }
 
 fn target(store: &Store, socket: &Path, a: &PackDiffArgs) -> Result<Target> {
@@ -98,7 +100,31 @@ fn target(store: &Store, socket: &Path, a: &PackDiffArgs) -> Result<Target> {
         let manifest = store
             .get_manifest(&manifest_digest)
             .with_context(|| format!("image of sandbox {id}"))?;
+        let status = c.call("GET", "/v1/status", None)?;
+        let mounted: Vec<(String, PathBuf)> = status["layers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| Some((l["digest"].as_str()?.into(), l["path"].as_str()?.into())))
+            .collect();
+        let lowers = manifest
+            .layers
+            .iter()
+            .rev()
+            .filter_map(|l| {
+                let d = l.digest.to_string();
+                mounted
+                    .iter()
+                    .find(|(m, _)| *m == d)
+                    .map(|(_, p)| p.clone())
+            })
+            .collect::<Vec<_>>();
+        let lowers = match lowers.len() == manifest.layers.len() {
+            true => lowers,
+            false => Vec::new(),
+        };
         return Ok(Target {
+            lowers,
             upper: field("upper")?.into(),
             image_ref: field("image")?,
             manifest_digest,
@@ -123,6 +149,7 @@ fn target(store: &Store, socket: &Path, a: &PackDiffArgs) -> Result<Target> {
         None => store.put_manifest(&manifest)?,
     };
     Ok(Target {
+        lowers: Vec::new(),
         upper: upper.clone(),
         image_ref: image.clone(),
         manifest_digest,
@@ -131,14 +158,15 @@ fn target(store: &Store, socket: &Path, a: &PackDiffArgs) -> Result<Target> {
     })
 }
 
-fn labels(opts: &mut BuildOptions, given: &[String]) -> Result<()> {
-    for l in given {
-        let (k, v) = l
-            .split_once('=')
-            .ok_or_else(|| Usage(format!("label {l:?} is not KEY=VALUE")))?;
-        opts.labels.insert(k.to_string(), v.to_string());
+/// Whether a layer's mount holds an entry (not a whiteout) at `path`.
+fn in_layer(layer: &Path, path: &[u8]) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let p = layer.join(std::ffi::OsStr::from_bytes(path));
+    match std::fs::symlink_metadata(p) {
+        Ok(m) => !(m.file_type().is_char_device() && m.rdev() == 0),
+        Err(_) => false,
     }
-    Ok(())
 }
 
 /// Refuses to move an existing tag unless forced; returns the state to compare-and-swap against.
@@ -176,9 +204,10 @@ pub fn pack_diff(store: &Store, socket: &Path, a: PackDiffArgs) -> Result<()> {
         opts.labels
             .insert("strata.pack_diff.sandbox".into(), id.clone());
     }
-    labels(&mut opts, &a.labels)?;
+    add_labels(&mut opts, &a.labels)?;
 
-    // Each whiteout must hide an entry of the image; its layers' metadata is read at the first one.
+    // Each whiteout must hide an entry of the image: looked up in the sandbox's layer mounts (metadata
+    // already on this node), else in the image's layers' metadata, read at the first whiteout.
     let mut view: Option<View> = None;
     let manifest_ref = t.manifest_digest.to_string();
     let mut check = |path: &[u8]| -> Result<(), BuildError> {
@@ -186,12 +215,16 @@ pub fn pack_diff(store: &Store, socket: &Path, a: PackDiffArgs) -> Result<()> {
             path: String::from_utf8_lossy(path).into_owned(),
             why: format!("reading image {manifest_ref} to check a whiteout: {e:#}"),
         };
-        if view.is_none() {
-            view = Some(View::open(store, &manifest_ref).map_err(why)?);
-        }
-        let exists = match &view {
-            Some(v) => v.exists(path).map_err(why)?,
-            None => true,
+        let exists = if !t.lowers.is_empty() {
+            t.lowers.iter().any(|l| in_layer(l, path))
+        } else {
+            if view.is_none() {
+                view = Some(View::open(store, &manifest_ref).map_err(why)?);
+            }
+            match &view {
+                Some(v) => v.exists(path).map_err(why)?,
+                None => true,
+            }
         };
         if !exists {
             return Err(BuildError::Unsupported {

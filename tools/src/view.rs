@@ -201,12 +201,17 @@ fn entry_json(view: &View, name: &[u8], li: usize, i: &Inode) -> Result<serde_js
     } else {
         None
     };
-    Ok(json!({
+    let mut v = json!({
         "name": String::from_utf8_lossy(name), "mode": i.mode, "uid": i.uid, "gid": i.gid,
         "size": i.size, "mtime": i.mtime, "mtime_nsec": i.mtime_nsec, "nlink": i.nlink,
         "rdev": i.rdev, "target": target, "layer": view.layers.len() - 1 - li,
         "xattrs": i.xattrs.iter().map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), serde_json::Value::String(hex_of(v)))).collect::<serde_json::Map<_, _>>(),
-    }))
+    });
+    // Names are bytes: one that is not UTF-8 is also given exactly, in hex.
+    if std::str::from_utf8(name).is_err() {
+        v["name_hex"] = json!(hex_of(name));
+    }
+    Ok(v)
 }
 
 /// `strata ls`.

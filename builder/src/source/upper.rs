@@ -230,3 +230,87 @@ impl EntrySink for UpperSink<'_> {
         self.inner.existing(path)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+
+    /// Records entries as (path, kind, xattr names, has data).
+    #[derive(Default)]
+    struct Rec(Vec<(String, EntryKind, Vec<String>, bool)>);
+
+    impl EntrySink for Rec {
+        fn add(&mut self, e: Entry, data: Option<FileSource<'_>>) -> Result<(), BuildError> {
+            let names = e.meta.xattrs.iter().map(|(k, _)| shown(k)).collect();
+            self.0.push((shown(&e.path), e.kind, names, data.is_some()));
+            Ok(())
+        }
+    }
+
+    fn mknod_whiteout(p: &Path) -> bool {
+        let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid path.
+        unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o600, 0) == 0 }
+    }
+
+    #[test]
+    fn overlay_markers_translated_private_xattrs_dropped_excludes_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        if !mknod_whiteout(&r.join("gone")) {
+            eprintln!("SKIP: making a 0:0 character device needs root");
+            return;
+        }
+        // Overlay's shared whiteout inode: a hard link of a whiteout is a whiteout.
+        std::fs::hard_link(r.join("gone"), r.join("gone2")).unwrap();
+        std::fs::create_dir(r.join("opq")).unwrap();
+        xattr::set(r.join("opq"), "trusted.overlay.opaque", b"y").unwrap();
+        xattr::set(r.join("opq"), "trusted.overlay.impure", b"y").unwrap();
+        std::fs::write(r.join("copied"), b"c").unwrap();
+        xattr::set(r.join("copied"), "trusted.overlay.origin", b"\0\xfb").unwrap();
+        xattr::set(r.join("copied"), "user.keep", b"k").unwrap();
+        // An excluded file with a hard link outside the excluded paths; an excluded directory.
+        std::fs::write(r.join("a-secret"), b"s").unwrap();
+        std::fs::hard_link(r.join("a-secret"), r.join("b-link")).unwrap();
+        std::fs::create_dir_all(r.join("cache/x")).unwrap();
+        std::fs::write(r.join("cache/x/f"), b"f").unwrap();
+        let ex = Excludes::new(&["a-secret", "/cache"]).unwrap();
+        let mut seen = Vec::new();
+        let mut rec = Rec::default();
+        let mut check = |p: &[u8]| {
+            seen.push(shown(p));
+            Ok(())
+        };
+        let sum = walk_upper(r, &ex, &mut check, &mut rec).unwrap();
+        assert_eq!(seen, ["gone", "gone2"]);
+        assert_eq!((sum.whiteouts, sum.opaque_dirs, sum.excluded), (2, 1, 2));
+        let by = |p: &str| rec.0.iter().find(|e| e.0 == p).cloned();
+        assert_eq!(by("gone2").unwrap().1, EntryKind::Whiteout);
+        assert_eq!(by("opq").unwrap().2, ["trusted.overlay.opaque"]);
+        assert_eq!(by("copied").unwrap().2, ["user.keep"]);
+        let link = by("b-link").unwrap();
+        assert_eq!((link.1, link.3), (EntryKind::File { size: 1 }, true));
+        assert!(by("a-secret").is_none() && by("cache").is_none() && by("cache/x/f").is_none());
+    }
+
+    #[test]
+    fn metacopy_and_redirect_uppers_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        if xattr::set(dir.path().join("d"), "trusted.overlay.redirect", b"/x").is_err() {
+            eprintln!("SKIP: trusted.* xattrs need root");
+            return;
+        }
+        let mut ok = |_: &[u8]| Ok(());
+        let err = walk_upper(
+            dir.path(),
+            &Excludes::default(),
+            &mut ok,
+            &mut Rec::default(),
+        );
+        let msg = err.unwrap_err().to_string();
+        assert!(msg.contains("redirect") && msg.contains("d"), "{msg}");
+    }
+}

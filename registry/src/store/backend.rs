@@ -255,16 +255,36 @@ impl Backend {
 
     /// Keys under a prefix (recursive).
     pub fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .list_info(prefix)?
+            .into_iter()
+            .map(|(k, _, _)| k)
+            .collect())
+    }
+
+    /// Keys under a prefix (recursive) with their sizes and last-modified times (Unix seconds).
+    pub fn list_info(&self, prefix: &str) -> Result<Vec<(String, u64, i64)>, StoreError> {
         let p = Path::from(prefix);
         self.rt.block_on(async {
             let mut out = Vec::new();
             let mut s = self.store.list(Some(&p));
             while let Some(item) = s.next().await {
                 let m = item.map_err(|e| self.err(prefix, e))?;
-                out.push(m.location.to_string());
+                out.push((m.location.to_string(), m.size, m.last_modified.timestamp()));
             }
             out.sort();
             Ok(out)
+        })
+    }
+
+    /// Deletes an object (absent is fine).
+    pub fn delete(&self, key: &str) -> Result<(), StoreError> {
+        let p = Path::from(key);
+        self.rt.block_on(async {
+            match self.store.delete(&p).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(self.err(key, e)),
+            }
         })
     }
 

@@ -8,6 +8,7 @@
 //! layers/<hex>.json      layer descriptors
 //! manifests/<hex>.json   image manifests
 //! tags/<name>/<tag>      tags (the text `blake3:<hex>`); a local store serializes updates with tags/.lock
+//! plans/<hex>.json       prefetch plans (content addressed); plans/by-manifest/<hex> names an image's plan
 //! oci/<sha256>           import records: the layer made from an OCI layer, by its chain ID
 //! tmp/                   a local store's spool for blobs being written
 //! ```
@@ -113,6 +114,14 @@ pub mod key {
     }
     pub fn manifest(d: &Digest) -> String {
         format!("manifests/{}.json", d.hex())
+    }
+    /// A prefetch plan (content addressed).
+    pub fn plan(d: &Digest) -> String {
+        format!("plans/{}.json", d.hex())
+    }
+    /// The pointer to the prefetch plan of the image with manifest `d` (an index object).
+    pub fn plan_of(manifest: &Digest) -> String {
+        format!("plans/by-manifest/{}", manifest.hex())
     }
     /// The layer imported from the OCI layer whose chain ID (the layer and the layers below it) is
     /// `sha256:<chain_id_hex>`.
@@ -298,6 +307,23 @@ impl Store {
         Ok((d, stored))
     }
 
+    /// The metadata object `d` is stored as a patch against: `Some(base)` for a patch.
+    pub fn meta_base(&self, d: &Digest) -> Result<Option<Digest>, StoreError> {
+        let key = key::meta(d);
+        match self.backend.head(&key)? {
+            Some(n) if n >= 48 => {
+                let b = self.get_range(&key, 0..40)?;
+                if &b[..8] != META_PATCH_MAGIC {
+                    return Ok(None);
+                }
+                let mut bd = [0u8; 32];
+                bd.copy_from_slice(&b[8..40]);
+                Ok(Some(Digest(bd)))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// True if the stored metadata object `d` is a patch against another.
     fn meta_is_patch(&self, d: &Digest) -> Result<bool, StoreError> {
         let key = key::meta(d);
@@ -435,6 +461,16 @@ impl Store {
     /// Keys under a prefix.
     pub fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         self.backend.list(prefix)
+    }
+
+    /// Objects under a prefix: key, size, last modified (Unix seconds).
+    pub fn list_info(&self, prefix: &str) -> Result<Vec<(String, u64, i64)>, StoreError> {
+        self.backend.list_info(prefix)
+    }
+
+    /// Deletes an object (garbage collection only: objects are otherwise never deleted).
+    pub fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.backend.delete(key)
     }
 
     /// The current value of a tag.

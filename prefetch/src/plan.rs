@@ -1,0 +1,76 @@
+//! Prefetch plans: which chunks a known run reads, in order, and where they are kept in a store.
+
+use serde::{Deserialize, Serialize};
+use strata_registry::digest::Digest;
+use strata_registry::store::{key, Store, StoreError};
+
+/// Version of the plan format.
+pub const PLAN_SCHEMA: u32 = 1;
+
+/// One chunk: a blob and the chunk's index in the blob's table of contents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PlanEntry {
+    pub blob: Digest,
+    pub chunk: u32,
+}
+
+/// The chunks a run read, first touch first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub schema: u32,
+    /// The image the run used.
+    pub manifest: Digest,
+    /// What was run (for people reading the plan).
+    #[serde(default)]
+    pub command: Vec<String>,
+    pub entries: Vec<PlanEntry>,
+}
+
+/// Why a plan could not be stored or read.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("prefetch plan {key}: {why}")]
+    Malformed { key: String, why: String },
+}
+
+impl Plan {
+    /// Stores the plan and points its image at it; returns the plan's digest.
+    pub fn put(&self, store: &Store) -> Result<Digest, PlanError> {
+        let bytes = serde_json::to_vec(self).map_err(|e| PlanError::Malformed {
+            key: key::plan_of(&self.manifest),
+            why: e.to_string(),
+        })?;
+        let d = Digest::of(&bytes);
+        store.put_bytes(&key::plan(&d), bytes)?;
+        store.put_index(&key::plan_of(&self.manifest), d.to_string().into_bytes())?;
+        Ok(d)
+    }
+
+    /// The plan of the image with manifest `manifest`, if it has one (verified against its digest).
+    pub fn get(store: &Store, manifest: &Digest) -> Result<Option<Plan>, PlanError> {
+        let pointer = key::plan_of(manifest);
+        let Some(b) = store.get_index(&pointer)? else {
+            return Ok(None);
+        };
+        let bad = |why: String| PlanError::Malformed {
+            key: pointer.clone(),
+            why,
+        };
+        let d: Digest = std::str::from_utf8(&b)
+            .map_err(|e| bad(e.to_string()))?
+            .trim()
+            .parse()
+            .map_err(|e| bad(format!("{e}")))?;
+        let bytes = store.get_verified(&key::plan(&d), &d)?;
+        let plan: Plan = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+        if plan.schema != PLAN_SCHEMA || plan.manifest != *manifest {
+            return Err(bad(format!(
+                "schema {} for image {}, expected schema {PLAN_SCHEMA} for {manifest}",
+                plan.schema, plan.manifest
+            )));
+        }
+        Ok(Some(plan))
+    }
+}
