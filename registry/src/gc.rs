@@ -71,7 +71,7 @@ fn mark_image(store: &Store, m: &Digest, live: &mut HashSet<String>) -> Result<(
     Ok(())
 }
 
-/// An `oci/<diff id>/<position>` import record stays while the layer it names is live.
+/// An `oci/<chain id>` import record stays while the layer it names is live.
 fn oci_record_live(store: &Store, key_: &str, live: &HashSet<String>) -> bool {
     let Ok(Some(b)) = store.get_index(key_) else {
         return false;

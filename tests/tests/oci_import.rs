@@ -386,6 +386,38 @@ fn docker_archive_and_zstd_layers_round_trip() {
 }
 
 #[test]
+fn gc_keeps_what_a_flattened_import_needs() {
+    let Some(Fixture {
+        work,
+        layout,
+        sdir: _sdir,
+        store,
+    }) = fixture("oci-gc")
+    else {
+        return;
+    };
+    let unpacked = umoci_unpack(work.path(), &layout, "t");
+    let src = format!("oci:{}:t", s(&layout));
+    let flat = import_json(&store, &[&src, "-t", "gc/img:flat", "--flatten"]);
+    // Only the flattened image is tagged: the per-layer imports (descriptors, metadata, records) go,
+    // the blobs the flattened layer references stay.
+    let report = json(&store.ok(&["gc", "--grace", "0s", "--json"]));
+    assert!(report["deleted"].as_u64().expect("n") > 0, "{report}");
+    let want = std::fs::read(unpacked.join("rootfs/usr/lib/big.bin")).expect("read");
+    let o = store.run(&["cat", "gc/img:flat", "/usr/lib/big.bin"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(o.stdout == want, "big.bin differs after gc");
+    // A stale record is never trusted: importing again rebuilds the layers and works.
+    let again = import_json(&store, &[&src, "-t", "gc/img:again"]);
+    assert_eq!(reused_flags(&again), [false; 5], "{again}");
+    assert_ne!(again["digest"], flat["digest"]);
+    assert_eq!(
+        store.ok(&["cat", "gc/img:again", "/opq/fresh"]),
+        "only this is left"
+    );
+}
+
+#[test]
 fn platform_is_chosen_from_a_nested_index() {
     let Some(Fixture {
         work: _work,

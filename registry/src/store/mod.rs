@@ -214,8 +214,8 @@ impl Store {
         self.backend.put(key, Bytes::from(data))
     }
 
-    /// Writes a small index object (not content addressed: an `oci/` import record), replacing what was
-    /// there. Index objects are hints: a reader checks what one names before using it.
+    /// Writes a small index object (not content addressed: an `oci/` import record, a plan pointer),
+    /// replacing what was there. Index objects are hints: a reader checks what one names before using it.
     pub fn put_index(&self, key: &str, data: Vec<u8>) -> Result<(), StoreError> {
         self.backend.put(key, Bytes::from(data))
     }
