@@ -57,7 +57,7 @@ impl Default for Config {
             runtime_dir: PathBuf::from("/run/strata"),
             cache_size: 10 << 30,
             read_timeout_secs: 30.0,
-            max_fetch_span: 4 << 20,
+            max_fetch_span: 2 << 20,
             fuse_threads: 8,
             group: None,
         }
