@@ -27,7 +27,7 @@ Each benchmark runs RUNS times (default 5; link 3), alternating strata and the r
 measurement after waiting for an idle CPU (< 15 % busy over 1 s, up to QUIET_MAX s) and dropping the page
 cache; it prints medians and per-run ratios (strata / reference) and appends JSON lines to
 benches/results/coldstart-<stamp>.jsonl. Environment: BENCH_DATA (/var/tmp/strata-bench), CARGO_TARGET_DIR
-(/var/tmp/strata-target) for the release strata, stratad and linkproxy binaries, QUIET_MAX (120), RTT_MS
+(/var/tmp/strata-target) for the release strata, stratad and linkproxy binaries, STRATAD (another stratad), QUIET_MAX (120), RTT_MS
 (20), MBIT (1000), STRATAD_ARGS (extra flags for stratad, e.g. "--max-fetch-span 1M").
 """
 import argparse, ctypes, email.utils, http.server, urllib.parse, json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
@@ -37,7 +37,7 @@ from density import call  # the control socket client
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGET = os.environ.get("CARGO_TARGET_DIR", "/var/tmp/strata-target")
 STRATA = f"{TARGET}/release/strata"
-STRATAD = f"{TARGET}/release/stratad"
+STRATAD = os.environ.get("STRATAD", f"{TARGET}/release/stratad")
 LINKPROXY = f"{TARGET}/release/linkproxy"
 D = os.environ.get("BENCH_DATA", "/var/tmp/strata-bench")
 CS = f"{D}/cs"
@@ -274,8 +274,11 @@ def walk(root):
 
 
 def bench_stat(runs):
+    """Also measures an overlay (empty upper) over the same kernel EROFS mount: a sandbox rootfs is always
+    an overlay, so this tells the overlay's share of strata's time from the rest."""
     meta, devs = materialized("fat")
     mnt = tempfile.mkdtemp(prefix="strata-cs-erofs-", dir="/var/tmp")
+    ov = tempfile.mkdtemp(prefix="strata-cs-ov-", dir="/var/tmp")
     rows = []
     try:
         for i in range(runs):
@@ -294,13 +297,24 @@ def bench_stat(runs):
             try:
                 drop_caches()
                 ref, n2 = walk(mnt)
+                for sub in ("u", "w", "m"):
+                    shutil.rmtree(f"{ov}/{sub}", ignore_errors=True)
+                    os.makedirs(f"{ov}/{sub}")
+                sh(f"mount -t overlay overlay -o lowerdir={mnt},upperdir={ov}/u,workdir={ov}/w {ov}/m")
+                try:
+                    busy3 = wait_quiet()
+                    drop_caches()
+                    ref_ov, _ = walk(f"{ov}/m")
+                finally:
+                    umount(f"{ov}/m")
             finally:
                 umount(mnt)
-            rows.append(record("stat", i, strata=strata, reference=ref, entries=n1, entries_ref=n2,
-                               busy=max(busy, busy2)))
+            rows.append(record("stat", i, strata=strata, reference=ref, reference_overlay=ref_ov, entries=n1,
+                               entries_ref=n2, busy=max(busy, busy2, busy3)))
     finally:
         os.rmdir(mnt)
-    return summary("stat", rows)
+        shutil.rmtree(ov, ignore_errors=True)
+    return summary("stat", rows, extra=("reference_overlay",))
 
 
 # ---------------------------------------------------------------- warm sequential read
