@@ -281,7 +281,7 @@ impl Daemon {
         }
         let target = self.config.runtime_dir.join("layers").join(d.hex());
         std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
-        mount::mount_erofs(&meta_path, &devices, &target)?;
+        mount::mount_erofs_with(&meta_path, &devices, &target, true)?;
         self.lock().layers.insert(
             *d,
             LayerMount {
