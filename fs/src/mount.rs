@@ -96,7 +96,8 @@ pub fn mount_erofs(meta: &Path, devices: &[PathBuf], target: &Path) -> Result<()
 
 /// [`mount_erofs`], optionally with EROFS's `directio` option: the kernel then reads the device files
 /// with direct I/O, so their data is not cached a second time in the devices' own page cache (for the
-/// daemon's blob files on FUSE: one copy of a layer's data in memory, EROFS's, instead of two).
+/// daemon's blob files on FUSE: one copy of a layer's data in memory, EROFS's, instead of two). A kernel
+/// without the option (before 6.13) mounts without it.
 pub fn mount_erofs_with(
     meta: &Path,
     devices: &[PathBuf],
@@ -114,8 +115,11 @@ pub fn mount_erofs_with(
             .map_err(|e| fail("fsconfig device", &dev, e, Some(&fs_fd)))?;
     }
     if directio {
-        rustix::mount::fsconfig_set_flag(fs_fd.as_fd(), "directio")
-            .map_err(|e| fail("fsconfig directio", &meta, e, Some(&fs_fd)))?;
+        // Linux 6.13 and later; an older kernel refuses the option and mounts as before.
+        if let Err(e) = rustix::mount::fsconfig_set_flag(fs_fd.as_fd(), "directio") {
+            let log = drain_log(&fs_fd);
+            tracing::warn!(error = %e, kernel = ?log, "EROFS directio refused; mounting without it");
+        }
     }
     fsconfig_create(fs_fd.as_fd()).map_err(|e| fail("fsconfig create", &meta, e, Some(&fs_fd)))?;
     let mnt = fsmount(
