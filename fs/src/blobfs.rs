@@ -168,7 +168,12 @@ impl BlobFs {
     }
 
     /// Fills `buf` from the blob's view at `offset` (zeros where no chunk lies).
-    fn read_view(&self, blob: &BlobHandle, offset: u64, buf: &mut [u8]) -> Result<(), FetchError> {
+    fn read_view(
+        &self,
+        blob: &Arc<BlobHandle>,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), FetchError> {
         let mut pos = 0usize;
         while pos < buf.len() {
             let at = offset + pos as u64;

@@ -7,6 +7,11 @@
 //! claimed chunk wait for the leader (single flight) — never longer than the deadline. Data that fails
 //! its digest is fetched once more, then reported as corrupt; it never reaches a reader or the cache.
 //! Claims are per chunk, so a blob whose store is failing never blocks reads of another blob.
+//!
+//! The leader fetches only the frame of the chunk it was asked for; the claimed followers go out as a
+//! second range request on a background thread. A reader thus waits for one round trip and its own
+//! frame (not for the whole span to cross the link and be decompressed and checked), while the followers
+//! — which sequential and nearby reads are likely to want next — arrive in parallel.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -143,7 +148,11 @@ impl Fetcher {
     }
 
     /// Chunk `i` of `blob`, verified.
-    pub fn chunk(&self, blob: &BlobHandle, i: usize) -> Result<ChunkBytes, FetchError> {
+    pub fn chunk(
+        self: &Arc<Self>,
+        blob: &Arc<BlobHandle>,
+        i: usize,
+    ) -> Result<ChunkBytes, FetchError> {
         let c = *blob.toc.chunks.get(i).ok_or_else(|| FetchError::Invalid {
             blob: blob.blob.digest,
             why: format!("chunk index {i} out of range"),
@@ -195,7 +204,11 @@ impl Fetcher {
 
     /// Claims chunk `i` and its missing followers, fetches them, completes their flights. `None` if
     /// another reader claimed chunk `i` first.
-    fn lead(&self, blob: &BlobHandle, i: usize) -> Option<Result<ChunkBytes, FetchError>> {
+    fn lead(
+        self: &Arc<Self>,
+        blob: &Arc<BlobHandle>,
+        i: usize,
+    ) -> Option<Result<ChunkBytes, FetchError>> {
         let toc = &blob.toc;
         let (claimed, flights) = {
             let mut inflight = self.lock();
@@ -237,31 +250,75 @@ impl Fetcher {
                 .collect();
             (claimed, flights)
         };
-        let result = self.fetch_run(blob, &claimed);
-        // Complete every flight, successful or not, and release the claims.
-        {
-            let mut inflight = self.lock();
-            for (k, &j) in claimed.iter().enumerate() {
-                let c = &toc.chunks[j];
-                inflight.remove(&c.digest);
-                let outcome = match &result {
-                    Ok(bytes) => match &bytes[k] {
-                        Ok(_) => Ok(()),
-                        Err(e) => Err(e.clone()),
-                    },
-                    Err(e) => Err(e.clone()),
-                };
-                let mut d = flights[k].done.lock().unwrap_or_else(|p| p.into_inner());
-                *d = Some(outcome);
-                flights[k].cv.notify_all();
+        // The chunks of chunk `i`'s own frame are fetched here; the followers (later frames) in a second
+        // request on a background thread, so that the reader waits only for its own frame's transfer,
+        // decompression and check, while the followers arrive in parallel.
+        let own = claimed
+            .iter()
+            .take_while(|&&j| toc.chunks[j].frame == toc.chunks[i].frame)
+            .count();
+        if own < claimed.len() {
+            let rest = claimed[own..].to_vec();
+            let rest_flights = flights[own..].to_vec();
+            let (me, b) = (self.clone(), blob.clone());
+            let spawned = std::thread::Builder::new()
+                .name("strata-fetch".into())
+                .spawn(move || {
+                    // Errors reach the followers' readers through their flights.
+                    let _ = me.complete(&b, &rest, &rest_flights);
+                });
+            if spawned.is_err() {
+                // No thread to spare: fetch the followers here, after our own frame.
+                let out = self.complete(blob, &claimed[..own], &flights[..own]);
+                let _ = self.complete(blob, &claimed[own..], &flights[own..]);
+                return Some(self.mine(blob, i, out));
             }
         }
-        // Chunk `i` is always the first claimed.
+        let out = self.complete(blob, &claimed[..own], &flights[..own]);
+        Some(self.mine(blob, i, out))
+    }
+
+    /// Fetches `claimed` chunks (one request), then completes their flights, successful or not, and
+    /// releases the claims.
+    fn complete(
+        &self,
+        blob: &BlobHandle,
+        claimed: &[usize],
+        flights: &[Arc<Flight>],
+    ) -> Result<Vec<ChunkResult>, FetchError> {
+        let toc = &blob.toc;
+        let result = self.fetch_run(blob, claimed);
+        let mut inflight = self.lock();
+        for (k, &j) in claimed.iter().enumerate() {
+            let c = &toc.chunks[j];
+            inflight.remove(&c.digest);
+            let outcome = match &result {
+                Ok(bytes) => match &bytes[k] {
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e.clone()),
+                },
+                Err(e) => Err(e.clone()),
+            };
+            let mut d = flights[k].done.lock().unwrap_or_else(|p| p.into_inner());
+            *d = Some(outcome);
+            flights[k].cv.notify_all();
+        }
+        result
+    }
+
+    /// The leader's own chunk `i` (always the first claimed) out of its fetch.
+    fn mine(
+        &self,
+        blob: &BlobHandle,
+        i: usize,
+        result: Result<Vec<ChunkResult>, FetchError>,
+    ) -> Result<ChunkBytes, FetchError> {
+        let toc = &blob.toc;
         let mine = match result {
             Ok(fetched) => fetched.into_iter().next(),
             Err(e) => Some(Err(e)),
         };
-        Some(match mine {
+        match mine {
             Some(Ok(bytes)) => Ok(match self.cache.get(&toc.chunks[i].digest) {
                 Some(p) => ChunkBytes::Cached(p),
                 None => ChunkBytes::Memory(bytes),
@@ -271,7 +328,7 @@ impl Fetcher {
                 blob: blob.blob.digest,
                 why: "nothing was fetched".into(),
             }),
-        })
+        }
     }
 
     /// Fetches the frames of `claimed` chunks in one request (retrying once on a digest mismatch) and

@@ -9,6 +9,12 @@
 //! The kernel refuses a metadata file on a stacked or memory filesystem (tmpfs, overlayfs): keep it on a
 //! disk filesystem. Every device must be given, in device-table order: without them the kernel reads the
 //! chunks from the metadata file's own address space (zeros).
+//!
+//! The daemon mounts its layers with EROFS's `directio` option (Linux 6.13+): EROFS then reads the blob
+//! files on the FUSE mount with direct I/O instead of through their page cache, which would hold a second
+//! copy of every byte EROFS already caches (user complaint: "page cache held twice"). Measured on the
+//! 1 GiB sequential read benchmark: 2 GiB of page cache instead of 3 (the third copy is the chunk cache's
+//! files), the same warm throughput, and a faster first read.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -85,6 +91,19 @@ fn absolute(p: &Path) -> PathBuf {
 /// Mounts the EROFS image `meta` read-only at `target`, file-backed, with `devices` as its extra devices
 /// (in device-table order: the first is device id 1).
 pub fn mount_erofs(meta: &Path, devices: &[PathBuf], target: &Path) -> Result<(), MountError> {
+    mount_erofs_with(meta, devices, target, false)
+}
+
+/// [`mount_erofs`], optionally with EROFS's `directio` option: the kernel then reads the device files
+/// with direct I/O, so their data is not cached a second time in the devices' own page cache (for the
+/// daemon's blob files on FUSE: one copy of a layer's data in memory, EROFS's, instead of two). A kernel
+/// without the option (before 6.13) mounts without it.
+pub fn mount_erofs_with(
+    meta: &Path,
+    devices: &[PathBuf],
+    target: &Path,
+    directio: bool,
+) -> Result<(), MountError> {
     let meta = absolute(meta);
     let fs_fd = fsopen("erofs", FsOpenFlags::FSOPEN_CLOEXEC)
         .map_err(|e| fail("fsopen erofs", &meta, e, None))?;
@@ -94,6 +113,13 @@ pub fn mount_erofs(meta: &Path, devices: &[PathBuf], target: &Path) -> Result<()
         let dev = absolute(dev);
         fsconfig_set_string(fs_fd.as_fd(), "device", &dev)
             .map_err(|e| fail("fsconfig device", &dev, e, Some(&fs_fd)))?;
+    }
+    if directio {
+        // Linux 6.13 and later; an older kernel refuses the option and mounts as before.
+        if let Err(e) = rustix::mount::fsconfig_set_flag(fs_fd.as_fd(), "directio") {
+            let log = drain_log(&fs_fd);
+            tracing::warn!(error = %e, kernel = ?log, "EROFS directio refused; mounting without it");
+        }
     }
     fsconfig_create(fs_fd.as_fd()).map_err(|e| fail("fsconfig create", &meta, e, Some(&fs_fd)))?;
     let mnt = fsmount(

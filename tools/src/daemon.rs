@@ -100,7 +100,7 @@ fn load(args: &Args) -> Result<Config> {
         c.read_timeout_secs = t;
     }
     if let Some(s) = &args.max_fetch_span {
-        c.max_fetch_span = parse_size(s)?;
+        c.max_fetch_span = Some(parse_size(s)?);
     }
     if let Some(n) = args.fuse_threads {
         c.fuse_threads = n;

@@ -1,0 +1,553 @@
+#!/usr/bin/env python3
+"""Node daemon benchmarks (issue 3, point 8): stratad against the practical limit (kernel EROFS reading a
+local materialized copy of the same layer) and against the eager path (download the image's tar.zst,
+extract, run), on the fat agent base of benches/make-fat.sh.
+
+usage: sudo benches/coldstart.py [prepare|local|stat|seq|link|all]... [--runs N]
+
+  prepare  builds the images into a local store (file://), materializes them (`strata materialize`), makes
+           the eager path's tar.zst (`tar -c | zstd -3 -T2`); idempotent, under $BENCH_DATA/cs/
+  local    cold start, local store: mount + `python3 -c 'import numpy, pandas'` in bubblewrap, through a
+           fresh stratad (empty chunk cache) on the file:// store, against mounting the materialized copy
+           with kernel EROFS and running the same import; page cache dropped before each run
+  stat     the first metadata-heavy command on a cold mount: lstat of every entry of the rootfs
+           (`find ROOT -printf '%s'`) on a stratad rootfs just mounted, against the same on the materialized
+           copy mounted with kernel EROFS; page cache dropped after mounting
+  seq      warm sequential read of the 1 GiB file (`dd bs=1M`): chunks already in stratad's cache, page
+           cache dropped, against kernel EROFS reading the materialized copy with page cache dropped
+  link     cold start over a slow link: a read-only S3 endpoint on loopback (see ObjectServer: why not moto)
+           serving the local store and the tar.zst, behind linkproxy (20 ms round trip, 1 Gbit/s shared by
+           all connections, see tests/src/bin/linkproxy.rs); stratad (empty cache) on s3:// through the
+           proxy: mount + import; against the eager path through the same proxy: `curl | zstd -d | tar -x`
+           of the image's tar.zst, then the same import. Bytes fetched = every byte the proxy carried
+           server→client during the lazy run (metadata, tables of contents and chunks), also stratad's own
+           fetched_bytes; both against the image's stored bytes.
+
+Each benchmark runs RUNS times (default 5; link 3), alternating strata and the reference in each run, each
+measurement after waiting for an idle CPU (< 15 % busy over 1 s, up to QUIET_MAX s) and dropping the page
+cache; it prints medians and per-run ratios (strata / reference) and appends JSON lines to
+benches/results/coldstart-<stamp>.jsonl. Environment: BENCH_DATA (/var/tmp/strata-bench), CARGO_TARGET_DIR
+(/var/tmp/strata-target) for the release strata, stratad and linkproxy binaries, STRATAD (another stratad), QUIET_MAX (120), RTT_MS
+(20), MBIT (1000), STRATAD_ARGS (extra flags for stratad, e.g. "--max-fetch-span 1M").
+"""
+import argparse, ctypes, email.utils, http.server, urllib.parse, json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+
+from density import call  # the control socket client
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGET = os.environ.get("CARGO_TARGET_DIR", "/var/tmp/strata-target")
+STRATA = f"{TARGET}/release/strata"
+STRATAD = os.environ.get("STRATAD", f"{TARGET}/release/stratad")
+LINKPROXY = f"{TARGET}/release/linkproxy"
+D = os.environ.get("BENCH_DATA", "/var/tmp/strata-bench")
+CS = f"{D}/cs"
+STORE = f"file://{CS}/store"
+IMPORT = ["python3", "-c", "import numpy, pandas"]
+STAMP = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
+RESULTS = f"{HERE}/results/coldstart-{STAMP}.jsonl"
+EXTRA = os.environ.get("STRATAD_ARGS", "").split()
+
+
+def log(*a):
+    print("[coldstart]", *a, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- machine state
+
+def cpu_busy(interval=1.0):
+    def snap():
+        v = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
+        return v[3] + v[4], sum(v)
+    i0, t0 = snap()
+    time.sleep(interval)
+    i1, t1 = snap()
+    return 100.0 * (1 - (i1 - i0) / max(1, t1 - t0))
+
+
+def wait_quiet():
+    """Waits for < 15 % CPU busy; returns the last busy figure seen (what the measurement started in)."""
+    start = time.time()
+    while True:
+        b = cpu_busy()
+        if b < 15 or time.time() - start > float(os.environ.get("QUIET_MAX", "120")):
+            if b >= 15:
+                log(f"machine still {b:.0f}% busy: measuring anyway")
+            return b
+
+
+def drop_caches():
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+# ---------------------------------------------------------------- kernel EROFS, new mount API
+
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_move_mount, SYS_fsopen, SYS_fsconfig, SYS_fsmount = 429, 430, 431, 432
+
+
+def _sys(nr, *args):
+    r = libc.syscall(nr, *args)
+    if r < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"syscall {nr}: {os.strerror(e)}")
+    return r
+
+
+def mount_erofs(meta, devices, target):
+    """File-backed kernel EROFS mount of `meta` with `devices` (device-table order) at `target`."""
+    fd = _sys(SYS_fsopen, b"erofs", 1)
+    try:
+        _sys(SYS_fsconfig, fd, 1, b"source", os.fsencode(meta), 0)
+        for d in devices:
+            _sys(SYS_fsconfig, fd, 1, b"device", os.fsencode(d), 0)
+        _sys(SYS_fsconfig, fd, 6, None, None, 0)
+        mfd = _sys(SYS_fsmount, fd, 1, 1)  # FSMOUNT_CLOEXEC, MOUNT_ATTR_RDONLY
+        try:
+            _sys(SYS_move_mount, mfd, b"", -100, os.fsencode(target), 4)  # MOVE_MOUNT_F_EMPTY_PATH
+        finally:
+            os.close(mfd)
+    finally:
+        os.close(fd)
+
+
+def materialized(name):
+    d = f"{CS}/{name}-mat"
+    devs = sorted(os.listdir(f"{d}/devices"), key=int)
+    return f"{d}/meta.erofs", [f"{d}/devices/{x}" for x in devs]
+
+
+def umount(path):
+    subprocess.run(["umount", "-l", path], stderr=subprocess.DEVNULL)
+
+
+# ---------------------------------------------------------------- stratad
+
+class Daemon:
+    """A fresh stratad (own state dir: empty chunk cache) on `store`; stopped with SIGTERM."""
+
+    def __init__(self, store, env=None, state=None):
+        self.work = tempfile.mkdtemp(prefix="strata-cs-", dir="/var/tmp")
+        self.state = state or f"{self.work}/state"
+        self.run = f"{self.work}/run"
+        self.sock = f"{self.run}/stratad.sock"
+        e = dict(os.environ, STRATA_LOG="warn", **(env or {}))
+        self.p = subprocess.Popen([STRATAD, "--config", "/dev/null", "--store", store, "--state-dir", self.state,
+                                   "--runtime-dir", self.run, *EXTRA], env=e)
+        for _ in range(600):
+            if os.path.exists(self.sock):
+                return
+            if self.p.poll() is not None:
+                raise RuntimeError("stratad exited")
+            time.sleep(0.02)
+        raise RuntimeError("stratad did not start")
+
+    def mount(self, image, sid):
+        return call(self.sock, "POST", "/v1/sandboxes", {"image": image, "id": sid})
+
+    def sandbox(self, sid):
+        return call(self.sock, "GET", f"/v1/sandboxes/{sid}")
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        try:
+            self.p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        for line in reversed(open("/proc/self/mountinfo").read().splitlines()):
+            mp = line.split()[4]
+            if mp.startswith(self.work):
+                umount(mp)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def bwrap(root, cmd, ro=False):
+    return ["bwrap", "--ro-bind" if ro else "--bind", root, "/", "--proc", "/proc", "--dev", "/dev",
+            "--unshare-pid", "--die-with-parent", "--", *cmd]
+
+
+def timed(argv, **kw):
+    t = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, **kw)
+    return time.perf_counter() - t
+
+
+# ---------------------------------------------------------------- results
+
+def record(bench, run, **fields):
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    row = dict(bench=bench, run=run, time=time.strftime("%H:%M:%S", time.gmtime()), **fields)
+    with open(RESULTS, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    log(json.dumps(row))
+    return row
+
+
+def summary(bench, rows, a="strata", b="reference", extra=()):
+    sa = statistics.median(r[a] for r in rows)
+    sb = statistics.median(r[b] for r in rows)
+    ratios = [r[a] / r[b] for r in rows]
+    out = dict(bench=bench, summary=True, runs=len(rows), strata_median=sa, reference_median=sb,
+               ratio_of_medians=sa / sb, ratio_median=statistics.median(ratios), ratios=ratios,
+               busy=[round(r["busy"]) for r in rows], loadavg=os.getloadavg()[0])
+    for k in extra:
+        out[k + "_median"] = statistics.median(r[k] for r in rows)
+    with open(RESULTS, "a") as f:
+        f.write(json.dumps(out) + "\n")
+    print(json.dumps(out), flush=True)
+    return out
+
+
+# ---------------------------------------------------------------- prepare
+
+def sh(cmd):
+    subprocess.run(cmd, shell=True, check=True)
+
+
+def prepare():
+    os.makedirs(CS, exist_ok=True)
+    for name, src in (("fat", f"{D}/fat"), ("big", f"{D}/bigfile")):
+        if not os.path.exists(f"{D}/{'fat' if name == 'fat' else 'bigfile'}.done"):
+            sys.exit(f"missing {src}: run benches/make-fat.sh first")
+        if not os.path.exists(f"{CS}/{name}.built"):
+            log(f"strata build {src} -t {name}:v1 --kind base")
+            sh(f"{STRATA} --store {STORE} build {src} -t {name}:v1 --kind base --json > {CS}/{name}.build.json")
+            open(f"{CS}/{name}.built", "w").close()
+        mat = f"{CS}/{name}-mat"
+        if not os.path.exists(f"{mat}.done"):
+            log(f"strata materialize {name}:v1 {mat}")
+            shutil.rmtree(mat, ignore_errors=True)
+            sh(f"{STRATA} --store {STORE} materialize {name}:v1 {mat}")
+            open(f"{mat}.done", "w").close()
+    if not os.path.exists(f"{CS}/fat.tar.zst.done"):
+        log("tar -c fat | zstd -3 -T2 > fat.tar.zst")
+        sh(f"tar -C {D}/fat -c . | zstd -q -3 -T2 > {CS}/fat.tar.zst")
+        open(f"{CS}/fat.tar.zst.done", "w").close()
+
+
+# ---------------------------------------------------------------- local cold start
+
+def bench_local(runs):
+    meta, devs = materialized("fat")
+    mnt = tempfile.mkdtemp(prefix="strata-cs-erofs-", dir="/var/tmp")
+    rows = []
+    try:
+        for i in range(runs):
+            d = Daemon(STORE)
+            try:
+                busy = wait_quiet()
+                drop_caches()
+                t = time.perf_counter()
+                sb = d.mount("fat:v1", "s")
+                t_mount = time.perf_counter() - t
+                timed(bwrap(sb["rootfs"], IMPORT))
+                strata = time.perf_counter() - t
+                sb = d.sandbox("s")
+            finally:
+                d.stop()
+            busy2 = wait_quiet()
+            drop_caches()
+            t = time.perf_counter()
+            mount_erofs(meta, devs, mnt)
+            r_mount = time.perf_counter() - t
+            try:
+                timed(bwrap(mnt, IMPORT, ro=True))
+                ref = time.perf_counter() - t
+            finally:
+                umount(mnt)
+            rows.append(record("local", i, strata=strata, strata_mount=t_mount, reference=ref,
+                               reference_mount=r_mount, fetched=sb["fetched_bytes"], stored=sb["image_bytes"],
+                               busy=max(busy, busy2)))
+    finally:
+        os.rmdir(mnt)
+    return summary("local", rows, extra=("strata_mount", "reference_mount", "fetched"))
+
+
+# ---------------------------------------------------------------- stat walk
+
+def walk(root):
+    t = time.perf_counter()
+    out = subprocess.run(["find", root, "-printf", "%s %m\n"], check=True, capture_output=True).stdout
+    return time.perf_counter() - t, out.count(b"\n")
+
+
+def bench_stat(runs):
+    """Also measures an overlay (empty upper) over the same kernel EROFS mount: a sandbox rootfs is always
+    an overlay, so this tells the overlay's share of strata's time from the rest."""
+    meta, devs = materialized("fat")
+    mnt = tempfile.mkdtemp(prefix="strata-cs-erofs-", dir="/var/tmp")
+    ov = tempfile.mkdtemp(prefix="strata-cs-ov-", dir="/var/tmp")
+    rows = []
+    try:
+        for i in range(runs):
+            d = Daemon(STORE)
+            try:
+                busy = wait_quiet()
+                drop_caches()
+                sb = d.mount("fat:v1", "s")
+                drop_caches()
+                strata, n1 = walk(sb["rootfs"])
+            finally:
+                d.stop()
+            busy2 = wait_quiet()
+            drop_caches()
+            mount_erofs(meta, devs, mnt)
+            try:
+                drop_caches()
+                ref, n2 = walk(mnt)
+                for sub in ("u", "w", "m"):
+                    shutil.rmtree(f"{ov}/{sub}", ignore_errors=True)
+                    os.makedirs(f"{ov}/{sub}")
+                sh(f"mount -t overlay overlay -o lowerdir={mnt},upperdir={ov}/u,workdir={ov}/w {ov}/m")
+                try:
+                    busy3 = wait_quiet()
+                    drop_caches()
+                    ref_ov, _ = walk(f"{ov}/m")
+                finally:
+                    umount(f"{ov}/m")
+            finally:
+                umount(mnt)
+            rows.append(record("stat", i, strata=strata, reference=ref, reference_overlay=ref_ov, entries=n1,
+                               entries_ref=n2, busy=max(busy, busy2, busy3)))
+    finally:
+        os.rmdir(mnt)
+        shutil.rmtree(ov, ignore_errors=True)
+    return summary("stat", rows, extra=("reference_overlay",))
+
+
+# ---------------------------------------------------------------- warm sequential read
+
+def dd(path):
+    t = time.perf_counter()
+    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=1M"], check=True, capture_output=True)
+    return time.perf_counter() - t
+
+
+def bench_seq(runs):
+    meta, devs = materialized("big")
+    mnt = tempfile.mkdtemp(prefix="strata-cs-erofs-", dir="/var/tmp")
+    size = os.path.getsize(f"{D}/bigfile/data")
+    d = Daemon(STORE)
+    rows = []
+    try:
+        sb = d.mount("big:v1", "s")
+        f = f"{sb['rootfs']}/data"
+        first = dd(f)  # fills the chunk cache
+        log(f"first (cold) read through stratad: {first:.2f}s")
+        mount_erofs(meta, devs, mnt)
+        try:
+            for i in range(runs):
+                busy = wait_quiet()
+                drop_caches()
+                strata = dd(f)
+                busy2 = wait_quiet()
+                drop_caches()
+                ref = dd(f"{mnt}/data")
+                rows.append(record("seq", i, strata=strata, reference=ref,
+                                   strata_mbs=size / strata / 1e6, reference_mbs=size / ref / 1e6,
+                                   busy=max(busy, busy2)))
+        finally:
+            umount(mnt)
+    finally:
+        d.stop()
+        os.rmdir(mnt)
+    # Throughput ratio = reference time / strata time.
+    return summary("seq", rows, extra=("strata_mbs", "reference_mbs"))
+
+
+# ---------------------------------------------------------------- slow link
+
+class ObjectServer(http.server.BaseHTTPRequestHandler):
+    """A read-only S3 endpoint (path style, GET and HEAD with Range, no auth) serving the files under the
+    server's root directory: `/<bucket>/<key>` is `<root>/<bucket>/<key>`. The benchmark uses it instead
+    of moto because moto answers a range GET of a large object by reading the whole object (measured here:
+    0.18 s per range request on a 300 MB object), and s3s-fs hashes the whole file on every GET of an
+    object it did not write and streams 4 KiB reads (62 MB/s): either would charge the lazy path or the
+    eager path for the server's cost, not the link's. Bodies go out with sendfile(2)."""
+
+    protocol_version = "HTTP/1.1"
+    root = "."
+
+    def log_message(self, *a):
+        pass
+
+    def setup(self):
+        super().setup()
+        # Headers and body go out in separate writes: without this, Nagle's algorithm holds the body
+        # until the client's delayed ACK (40 ms a request).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _error(self, code, s3code):
+        body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{s3code}</Code>'
+                f"<Message>{s3code}</Message></Error>").encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self):
+        self.do_GET()
+
+    def do_GET(self):
+        path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+        full = os.path.realpath(os.path.join(self.root, path.lstrip("/")))
+        if ".." in path.split("/") or not os.path.isfile(full):
+            return self._error(404, "NoSuchKey")
+        st = os.stat(full)
+        start, end = 0, st.st_size
+        rng = self.headers.get("Range")
+        if rng:
+            try:
+                a, _, b = rng.split("=", 1)[1].partition("-")
+                start, end = int(a), min(st.st_size, int(b) + 1 if b else st.st_size)
+            except ValueError:
+                return self._error(400, "InvalidRange")
+            if start >= end:
+                return self._error(416, "InvalidRange")
+        self.send_response(206 if rng else 200)
+        self.send_header("Content-Length", str(end - start))
+        if rng:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{st.st_size}")
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", f'"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"')
+        self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
+        self.send_header("Content-Type", "application/octet-stream")
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        self.wfile.flush()
+        with open(full, "rb") as f:
+            off, left = start, end - start
+            while left > 0:
+                n = os.sendfile(self.connection.fileno(), f.fileno(), off, min(left, 8 << 20))
+                if n <= 0:
+                    break
+                off += n
+                left -= n
+
+
+def serve(root, port_file):
+    ObjectServer.root = root
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ObjectServer)
+    srv.daemon_threads = True
+    with open(port_file + ".tmp", "w") as f:
+        f.write(str(srv.server_address[1]))
+    os.rename(port_file + ".tmp", port_file)
+    srv.serve_forever()
+
+
+class S3:
+    """The object server on loopback (bucket `bench`: the local store under `strata/`, the image's
+    tar.zst as `fat.tar.zst`), and linkproxy in front of it."""
+
+    def __init__(self, rtt_ms, mbit):
+        self.dir = tempfile.mkdtemp(prefix="strata-cs-s3-", dir="/var/tmp")
+        os.makedirs(f"{self.dir}/root/bench")
+        os.symlink(f"{CS}/store", f"{self.dir}/root/bench/strata")
+        os.symlink(f"{CS}/fat.tar.zst", f"{self.dir}/root/bench/fat.tar.zst")
+        pf = f"{self.dir}/port"
+        self.server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", f"{self.dir}/root", pf])
+        for _ in range(300):
+            if os.path.exists(pf):
+                break
+            time.sleep(0.05)
+        self.port = int(open(pf).read())
+        self.stats = f"{self.dir}/link-stats"
+        self.proxy = subprocess.Popen([LINKPROXY, "--target", f"127.0.0.1:{self.port}", "--rtt-ms", str(rtt_ms),
+                                       "--mbit", str(mbit), "--stats", self.stats],
+                                      stdout=subprocess.PIPE, text=True)
+        self.pport = int(self.proxy.stdout.readline().split()[1])
+
+    def env(self):
+        return {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.pport}",
+                "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1",
+                "AWS_ALLOW_HTTP": "true"}
+
+    def down_bytes(self):
+        time.sleep(0.12)
+        return int(open(self.stats).read().split()[1])
+
+    def stop(self):
+        for p in (self.proxy, self.server):
+            p.terminate()
+            p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def bench_link(runs, rtt_ms, mbit):
+    s3 = S3(rtt_ms, mbit)
+    work = tempfile.mkdtemp(prefix="strata-cs-eager-", dir="/var/tmp")
+    rows = []
+    try:
+        store = "s3://bench/strata"
+        url = f"http://127.0.0.1:{s3.pport}/bench/fat.tar.zst"
+        tarsize = os.path.getsize(f"{CS}/fat.tar.zst")
+        for i in range(runs):
+            d = Daemon(store, env=s3.env())
+            try:
+                busy = wait_quiet()
+                drop_caches()
+                b0 = s3.down_bytes()
+                t = time.perf_counter()
+                sb = d.mount("fat:v1", "s")
+                t_mount = time.perf_counter() - t
+                timed(bwrap(sb["rootfs"], IMPORT))
+                strata = time.perf_counter() - t
+                link_bytes = s3.down_bytes() - b0
+                sb = d.sandbox("s")
+            finally:
+                d.stop()
+            root = f"{work}/root"
+            shutil.rmtree(root, ignore_errors=True)
+            os.makedirs(root)
+            busy2 = wait_quiet()
+            drop_caches()
+            t = time.perf_counter()
+            sh(f"curl -sf {url} | zstd -q -d | tar -x -C {root}")
+            t_pull = time.perf_counter() - t
+            timed(bwrap(root, IMPORT))
+            ref = time.perf_counter() - t
+            shutil.rmtree(root, ignore_errors=True)
+            rows.append(record("link", i, strata=strata, strata_mount=t_mount, reference=ref, reference_pull=t_pull,
+                               link_bytes=link_bytes, fetched=sb["fetched_bytes"], stored=sb["image_bytes"],
+                               tar_zst=tarsize, link_fraction=link_bytes / sb["image_bytes"],
+                               busy=max(busy, busy2)))
+    finally:
+        s3.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return summary("link", rows, extra=("strata_mount", "reference_pull", "link_bytes", "fetched", "link_fraction"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", nargs="*", default=["all"])
+    ap.add_argument("--runs", type=int)
+    a = ap.parse_args()
+    if a.what[:1] == ["serve"]:
+        return serve(*a.what[1:3])
+    what = set(a.what)
+    if "all" in what:
+        what = {"prepare", "local", "stat", "seq", "link"}
+    for tool in (STRATA, STRATAD):
+        if not os.access(tool, os.X_OK):
+            sys.exit(f"no {tool}: cargo build --release -p strata-tools")
+    log(f"results: {RESULTS}; stratad args: {EXTRA}; loadavg {os.getloadavg()}")
+    prepare()
+    if "local" in what:
+        bench_local(a.runs or 5)
+    if "stat" in what:
+        bench_stat(a.runs or 5)
+    if "seq" in what:
+        bench_seq(a.runs or 5)
+    if "link" in what:
+        if not os.access(LINKPROXY, os.X_OK):
+            sys.exit(f"no {LINKPROXY}: cargo build --release -p strata-tests --bin linkproxy")
+        bench_link(a.runs or 3, os.environ.get("RTT_MS", "20"), os.environ.get("MBIT", "1000"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
