@@ -3,10 +3,13 @@
 local materialized copy of the same layer) and against the eager path (download the image's tar.zst,
 extract, run), on the fat agent base of benches/make-fat.sh.
 
-usage: sudo benches/coldstart.py [prepare|local|stat|seq|link|all]... [--runs N]
+usage: sudo benches/coldstart.py [prepare|plan|noplan|local|stat|seq|link|all]... [--runs N]
 
   prepare  builds the images into a local store (file://), materializes them (`strata materialize`), makes
            the eager path's tar.zst (`tar -c | zstd -3 -T2`); idempotent, under $BENCH_DATA/cs/
+  plan     records the import's reads as the fat image's prefetch plan (`strata trace`): from then on
+           stratad warms the plan when a sandbox of the image is created (rows say "plan": true)
+  noplan   removes the plan pointer again (the default measurements are without a plan)
   local    cold start, local store: mount + `python3 -c 'import numpy, pandas'` in bubblewrap, through a
            fresh stratad (empty chunk cache) on the file:// store, against mounting the materialized copy
            with kernel EROFS and running the same import; page cache dropped before each run
@@ -176,8 +179,15 @@ def timed(argv, **kw):
 
 # ---------------------------------------------------------------- results
 
+def plan_pointer():
+    """The store file naming the fat image's prefetch plan (present after `coldstart.py plan`)."""
+    tag = open(f"{CS}/store/tags/fat/v1").read().strip()
+    return f"{CS}/store/plans/by-manifest/{tag.split(':', 1)[1]}"
+
+
 def record(bench, run, **fields):
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    fields.setdefault("plan", os.path.exists(plan_pointer()))
     row = dict(bench=bench, run=run, time=time.strftime("%H:%M:%S", time.gmtime()), **fields)
     with open(RESULTS, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -225,6 +235,25 @@ def prepare():
         log("tar -c fat | zstd -3 -T2 > fat.tar.zst")
         sh(f"tar -C {D}/fat -c . | zstd -q -3 -T2 > {CS}/fat.tar.zst")
         open(f"{CS}/fat.tar.zst.done", "w").close()
+
+
+# ---------------------------------------------------------------- prefetch plan
+
+def make_plan():
+    """Records the import's reads as the fat image's prefetch plan (`strata trace`); stratad then warms it
+    when a sandbox of the image is created, in every benchmark that follows, until `noplan`."""
+    d = Daemon(STORE)
+    try:
+        sh(f"{STRATA} --store {STORE} --socket {d.sock} trace fat:v1 --json -- {' '.join(IMPORT[:2])} "
+           f"'{IMPORT[2]}' > {CS}/plan.json")
+        log(f"plan: {open(f'{CS}/plan.json').read().strip()}")
+    finally:
+        d.stop()
+
+
+def drop_plan():
+    if os.path.exists(plan_pointer()):
+        os.unlink(plan_pointer())
 
 
 # ---------------------------------------------------------------- local cold start
@@ -537,6 +566,10 @@ def main():
             sys.exit(f"no {tool}: cargo build --release -p strata-tools")
     log(f"results: {RESULTS}; stratad args: {EXTRA}; loadavg {os.getloadavg()}")
     prepare()
+    if "noplan" in what:
+        drop_plan()
+    if "plan" in what:
+        make_plan()
     if "local" in what:
         bench_local(a.runs or 5)
     if "stat" in what:

@@ -117,6 +117,9 @@ pub struct Fetcher {
     /// How long a read may wait for data.
     pub deadline: Duration,
     metrics: Arc<Metrics>,
+    /// Blobs whose needed chunks a prefetch plan is fetching: a demand read of one fetches only its own
+    /// frame (the plan knows better than fetching ahead what will be read).
+    planned: std::sync::RwLock<std::collections::HashSet<Digest>>,
 }
 
 impl Fetcher {
@@ -135,6 +138,81 @@ impl Fetcher {
             max_span,
             deadline,
             metrics,
+            planned: Default::default(),
+        }
+    }
+
+    /// Marks blobs as covered by a prefetch plan being warmed (`true`) or no longer (`false`).
+    pub fn set_planned(&self, blobs: &[Digest], on: bool) {
+        let mut p = self.planned.write().unwrap_or_else(|p| p.into_inner());
+        for b in blobs {
+            match on {
+                true => p.insert(*b),
+                false => p.remove(b),
+            };
+        }
+    }
+
+    fn is_planned(&self, blob: &Digest) -> bool {
+        let p = self.planned.read().unwrap_or_else(|p| p.into_inner());
+        p.contains(blob)
+    }
+
+    /// Fetches the given chunks of `blob` that are neither cached nor being fetched, each run of
+    /// neighbouring ones in one range request, and caches them (prefetch). Returns the chunks fetched
+    /// and the compressed bytes requested.
+    pub fn fetch_chunks(
+        &self,
+        blob: &BlobHandle,
+        chunks: &[usize],
+    ) -> Result<(u64, u64), FetchError> {
+        let toc = &blob.toc;
+        let mut runs: Vec<(Vec<usize>, Vec<Arc<Flight>>)> = Vec::new();
+        {
+            let mut inflight = self.lock();
+            let mut prev: Option<usize> = None;
+            for &j in chunks {
+                let Some(c) = toc.chunks.get(j) else {
+                    continue;
+                };
+                if inflight.contains_key(&c.digest) || self.cache.contains(&c.digest) {
+                    prev = None;
+                    continue;
+                }
+                let f = Arc::new(Flight {
+                    done: Mutex::new(None),
+                    cv: Condvar::new(),
+                });
+                inflight.insert(c.digest, f.clone());
+                let adjacent = prev.is_some_and(|p| {
+                    let (fp, fj) = (toc.chunks[p].frame, c.frame);
+                    fj == fp || fj == fp + 1
+                });
+                match runs.last_mut() {
+                    Some(r) if adjacent => {
+                        r.0.push(j);
+                        r.1.push(f);
+                    }
+                    _ => runs.push((vec![j], vec![f])),
+                }
+                prev = Some(j);
+            }
+        }
+        let (mut count, mut bytes) = (0, 0);
+        let mut first_err = None;
+        for (claimed, flights) in &runs {
+            count += claimed.len() as u64;
+            let f0 = toc.chunks[claimed[0]].frame as usize;
+            let f1 = toc.chunks[claimed[claimed.len() - 1]].frame as usize;
+            bytes +=
+                toc.frames[f1].offset + toc.frames[f1].compressed as u64 - toc.frames[f0].offset;
+            if let Err(e) = self.complete(blob, claimed, flights) {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok((count, bytes)),
         }
     }
 
@@ -217,6 +295,10 @@ impl Fetcher {
             }
             let first_frame = toc.chunks[i].frame as usize;
             let base = toc.frames[first_frame].offset;
+            let max_span = match self.is_planned(&blob.blob.digest) {
+                true => 0,
+                false => self.max_span,
+            };
             let mut claimed = Vec::new();
             let mut last_frame = first_frame;
             for (j, c) in toc.chunks.iter().enumerate().skip(i) {
@@ -224,7 +306,7 @@ impl Fetcher {
                 let end = toc.frames[f].offset + toc.frames[f].compressed as u64;
                 if j > i
                     && (f > last_frame + 1
-                        || end - base > self.max_span
+                        || end - base > max_span
                         || inflight.contains_key(&c.digest)
                         || self.cache.contains(&c.digest))
                 {

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use strata_prefetch::{warm, ChunkSource, Plan, PlanEntry, WarmOptions, WarmStats};
+use strata_prefetch::{warm, ChunkSource, Plan, WarmOptions, WarmStats};
 use strata_registry::digest::Digest;
 use strata_registry::store::Store;
 
@@ -46,30 +46,15 @@ struct Source {
 }
 
 impl ChunkSource for Source {
-    fn cached(&self, e: &PlanEntry) -> bool {
-        let Some(h) = self.table.handle(&e.blob) else {
-            return true; // not served here: nothing to warm
-        };
-        match h.toc.chunks.get(e.chunk as usize) {
-            Some(c) => self.fetcher.cache().contains(&c.digest),
-            None => true,
-        }
-    }
-
-    fn fetch(&self, e: &PlanEntry) -> Result<u64, String> {
+    fn fetch(&self, blob: &Digest, chunks: &[u32]) -> Result<(u64, u64), String> {
         let h = self
             .table
-            .handle(&e.blob)
-            .ok_or_else(|| format!("blob {} is not served", e.blob))?;
-        let len = h
-            .toc
-            .chunks
-            .get(e.chunk as usize)
-            .map_or(0, |c| u64::from(c.len));
+            .handle(blob)
+            .ok_or_else(|| format!("blob {blob} is not served"))?;
+        let idx: Vec<usize> = chunks.iter().map(|&c| c as usize).collect();
         self.fetcher
-            .chunk(&h, e.chunk as usize)
-            .map_err(|e| e.to_string())?;
-        Ok(len)
+            .fetch_chunks(&h, &idx)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -109,6 +94,7 @@ impl Warming {
             images.insert(*manifest, State::NoPlan(Instant::now()));
         }
         let (store, images, m) = (self.store.clone(), self.images.clone(), *manifest);
+        let fetcher = self.fetcher.clone();
         let src = Arc::new(Source {
             table: self.table.clone(),
             fetcher: self.fetcher.clone(),
@@ -126,19 +112,27 @@ impl Warming {
                 };
                 let stats = Arc::new(WarmStats::default());
                 tracing::info!(image = %m, chunks = plan.entries.len(), "warming prefetch plan");
+                // While the plan is fetched, demand reads of its blobs fetch no further than their
+                // own frame: the plan knows what will be read better than fetching ahead does.
+                let mut blobs: Vec<Digest> = plan.entries.iter().map(|e| e.blob).collect();
+                blobs.sort_unstable();
+                blobs.dedup();
+                fetcher.set_planned(&blobs, true);
                 match warm(Arc::new(plan.entries), src, opts, stats.clone()) {
-                    Ok(_) => {
+                    Ok(h) => {
                         lock(&images).insert(m, State::Warming(stats));
+                        let _ = h.join();
                     }
                     Err(e) => tracing::warn!(image = %m, error = %e, "cannot start prefetch"),
                 }
+                fetcher.set_planned(&blobs, false);
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start prefetch lookup");
         }
     }
 
-    /// Per image: chunks planned, fetched, skipped, bytes, errors, done.
+    /// Per image: chunks planned, fetched, bytes, errors, done.
     pub fn status(&self) -> serde_json::Value {
         let images = lock(&self.images);
         let m: serde_json::Map<String, serde_json::Value> = images
