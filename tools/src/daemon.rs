@@ -112,7 +112,7 @@ fn load(args: &Args) -> Result<Config> {
         c.prefetch = false;
     }
     if let Some(n) = args.prefetch_threads {
-        c.prefetch_threads = n;
+        c.prefetch_threads = Some(n);
     }
     if let Some(s) = &args.prefetch_rate {
         c.prefetch_rate = parse_size(s)?;
