@@ -158,14 +158,18 @@ def main():
                 "runs": {"pack_diff": pd, "tar_zstd": tz},
             })
             print(json.dumps(rows[-1]), flush=True)
-        print("| image | delta (upper dir) | pack_diff s | tar\\|zstd s | ratio | s per 100 MiB | stored / tar.zst | "
-              "restore: first / next sandbox |")
-        print("|---|---|---:|---:|---:|---:|---|---|")
+        lines = ["| image | delta (upper dir) | pack_diff s | tar\\|zstd s | ratio | s per 100 MiB | stored / tar.zst | "
+                 "restore: first / next sandbox |", "|---|---|---:|---:|---:|---:|---|---|"]
         for x in rows:
-            print(f"| {x['image']} | {x['delta_mib']} MiB ({x['upper_bytes'] / MiB:.1f} MiB) | "
+            lines.append(f"| {x['image']} | {x['delta_mib']} MiB ({x['upper_bytes'] / MiB:.1f} MiB) | "
                   f"{x['pack_diff_s']:.2f} | {x['tar_zstd_s']:.2f} | {x['ratio']:.2f}x | "
                   f"{x['s_per_100mib']:.2f} | {x['stored_bytes'] / MiB:.1f} / {x['tar_zstd_bytes'] / MiB:.1f} MiB | "
                   f"{x['restore_first_ms']:.0f} / {x['restore_next_ms']:.0f} ms |")
+        print("\n".join(lines))
+        stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
+        out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"packdiff-{stamp}.md")
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n\n" + "\n".join(json.dumps(x) for x in rows) + "\n")
     finally:
         d.terminate()
         d.wait(timeout=600)
