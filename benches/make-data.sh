@@ -18,19 +18,8 @@ D=${BENCH_DATA:-/var/tmp/strata-bench}
 mkdir -p "$D"
 log() { printf '[make-data] %s\n' "$*" >&2; }
 
-# The Debian mirror apt uses on this machine (deb822 "URIs:" or one-line "deb URL suite ...").
-apt_mirror() {
-    local u
-    u=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null |
-        awk '/^URIs:/ {for (i = 2; i <= NF; i++) print $i}' |
-        grep -E '/debian/?$' | head -n1 || true)
-    if [[ -z $u ]]; then
-        u=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
-            awk '$1 == "deb" {for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) {print $i; break}}' |
-            grep -E '/debian/?$' | head -n1 || true)
-    fi
-    echo "${u:-http://deb.debian.org/debian}"
-}
+# shellcheck source=benches/lib.sh
+. "$(dirname "$0")/lib.sh"
 MIRROR=${MIRROR:-$(apt_mirror)}
 
 need() { command -v "$1" >/dev/null || { log "installing $2"; apt-get install -y -q "$2" >/dev/null; }; }

@@ -24,24 +24,23 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use strata_registry::digest::Digest;
-use strata_registry::model::LayerDescriptor;
+use strata_registry::model::{BlobRef, LayerDescriptor};
 use strata_registry::store::Store;
 
 use crate::build::{build_with, BuildOptions, BuiltLayer};
-use crate::erofs::{ErofsImage, Inode, Layout};
+use crate::chunkmap::{ChunkDigests, ChunkLookupError};
+use crate::erofs::{ErofsImage, Layout};
 use crate::error::BuildError;
+use crate::lower::LowerView;
 use crate::source::{join, Entry, EntryKind, EntrySink, Existing, FileSource};
 use crate::tree::{set_xattr, Meta, OPAQUE_XATTR, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK};
 use crate::tree::{S_IFMT, S_IFREG, S_IFSOCK};
 
-/// Block → chunk digest, for one blob.
-type BlockMap = Arc<HashMap<u32, Digest>>;
-
-/// One layer being applied: its metadata and, per device (1-based), its blob's block map.
+/// One layer being applied: its metadata and its blobs (device `i + 1` is `blobs[i]`).
 struct Source {
     digest: Digest,
     image: ErofsImage,
-    devices: Vec<BlockMap>,
+    blobs: Vec<BlobRef>,
 }
 
 impl Source {
@@ -87,62 +86,35 @@ pub fn flatten(
     opts.patch_meta = false;
     opts.bottom = below.is_empty();
     if !opts.bottom {
-        let mut lower = Vec::new();
-        for d in below {
-            let desc = store.get_layer(d)?;
-            let image = ErofsImage::parse(store.get_meta(&desc.meta.digest)?).map_err(|e| {
-                BuildError::Layer {
-                    layer: d.to_string(),
-                    why: format!("metadata: {e}"),
-                }
-            })?;
-            lower.push(image);
-        }
-        opts.keep_whiteout = Some(Arc::new(move |path: &[u8]| {
-            lower.iter().any(|l| {
-                matches!(l.lookup(path), Ok(Some(i)) if !(i.mode & S_IFMT == S_IFCHR && i.rdev == 0))
-            })
-        }));
+        let layers = below
+            .iter()
+            .rev()
+            .map(|d| LowerView::load(store, d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let lower = LowerView::new(layers);
+        opts.keep_whiteout = Some(Arc::new(move |path: &[u8]| lower.shows(path)));
     }
-    let mut maps: HashMap<Digest, BlockMap> = HashMap::new();
     let mut sources = Vec::new();
-    for (digest, desc) in &descs {
+    for (digest, desc) in descs {
         let meta = store.get_meta(&desc.meta.digest)?;
         let image = ErofsImage::parse(meta).map_err(|e| BuildError::Layer {
             layer: digest.to_string(),
             why: format!("metadata: {e}"),
         })?;
-        let mut devices = Vec::new();
-        for b in &desc.blobs {
-            let map = match maps.get(&b.digest) {
-                Some(m) => m.clone(),
-                None => {
-                    let toc = store.get_toc(b)?;
-                    let m: BlockMap =
-                        Arc::new(toc.chunks.iter().map(|c| (c.block, c.digest)).collect());
-                    maps.insert(b.digest, m.clone());
-                    m
-                }
-            };
-            devices.push(map);
-        }
         sources.push(Source {
-            digest: *digest,
+            digest,
             image,
-            devices,
+            blobs: desc.blobs,
         });
     }
+    let mut chunks = ChunkDigests::new(store);
     let bottom = opts.bottom;
     build_with(store, opts, |sink| {
         for (i, s) in sources.iter().enumerate() {
-            apply(s, &sources[..i], bottom, sink)?;
+            apply(s, &sources[..i], bottom, &mut chunks, sink)?;
         }
         Ok(())
     })
-}
-
-fn is_opaque(m: &Meta) -> bool {
-    m.xattrs.iter().any(|(k, v)| k == OPAQUE_XATTR && v == b"y")
 }
 
 /// Applies one layer onto what `sink` holds (see the module documentation). `below` are the layers of
@@ -151,6 +123,7 @@ fn apply(
     s: &Source,
     below: &[Source],
     bottom: bool,
+    chunks: &mut ChunkDigests,
     sink: &mut dyn EntrySink,
 ) -> Result<(), BuildError> {
     let err = |e: crate::erofs::ErofsError| s.fail(e.to_string());
@@ -162,7 +135,7 @@ fn apply(
         let mut meta = inode.meta();
         let kind = match inode.mode & S_IFMT {
             S_IFDIR => {
-                let opaque = is_opaque(&meta);
+                let opaque = inode.is_opaque();
                 match sink.existing(&path) {
                     Existing::Dir { .. } if opaque => {
                         if path.is_empty() {
@@ -196,7 +169,13 @@ fn apply(
                     links.insert(nid, path.clone());
                 }
                 if inode.layout == Layout::ChunkBased {
-                    let chunks = stored_chunks(s, &inode)?;
+                    let chunks =
+                        chunks
+                            .file_chunks(&s.image, &s.blobs, &inode)
+                            .map_err(|e| match e {
+                                ChunkLookupError::Store(e) => BuildError::Store(e),
+                                e => s.fail(format!("inode {}: {e}", inode.nid)),
+                            })?;
                     let k = EntryKind::StoredFile {
                         size: inode.size,
                         chunks,
@@ -256,28 +235,4 @@ fn hide_root_names(
         sink.add(entry(n, meta.clone(), EntryKind::Whiteout), None)?;
     }
     Ok(())
-}
-
-/// A chunk-based file's chunk digests, from its chunk indexes and the blobs' tables of contents.
-fn stored_chunks(s: &Source, inode: &Inode) -> Result<Vec<Option<Digest>>, BuildError> {
-    let locs = s.image.chunks(inode).map_err(|e| s.fail(e.to_string()))?;
-    let mut out = Vec::with_capacity(locs.len());
-    for loc in locs {
-        let Some(loc) = loc else {
-            out.push(None);
-            continue;
-        };
-        let d = usize::from(loc.device)
-            .checked_sub(1)
-            .and_then(|i| s.devices.get(i))
-            .and_then(|m| m.get(&loc.block))
-            .ok_or_else(|| {
-                s.fail(format!(
-                    "inode {}: no chunk at device {} block {} in the layer's blobs",
-                    inode.nid, loc.device, loc.block
-                ))
-            })?;
-        out.push(Some(*d));
-    }
-    Ok(out)
 }

@@ -17,8 +17,10 @@ pub mod tree;
 pub use error::BuildError;
 pub mod build;
 pub mod chunker;
+pub mod chunkmap;
 pub mod flatten;
 pub mod import;
+mod lower;
 pub mod oci;
 
 pub use build::{build_dir, build_tar, build_with, BuildOptions, BuiltLayer};

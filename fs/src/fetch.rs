@@ -202,10 +202,8 @@ impl Fetcher {
         let mut first_err = None;
         for (claimed, flights) in &runs {
             count += claimed.len() as u64;
-            let f0 = toc.chunks[claimed[0]].frame as usize;
-            let f1 = toc.chunks[claimed[claimed.len() - 1]].frame as usize;
-            bytes +=
-                toc.frames[f1].offset + toc.frames[f1].compressed as u64 - toc.frames[f0].offset;
+            let r = span(toc, claimed);
+            bytes += r.end - r.start;
             if let Err(e) = self.complete(blob, claimed, flights) {
                 first_err.get_or_insert(e);
             }
@@ -421,13 +419,10 @@ impl Fetcher {
         claimed: &[usize],
     ) -> Result<Vec<ChunkResult>, FetchError> {
         let toc = &blob.toc;
-        let (Some(&first), Some(&last)) = (claimed.first(), claimed.last()) else {
+        if claimed.is_empty() {
             return Ok(Vec::new());
-        };
-        let f0 = toc.chunks[first].frame as usize;
-        let f1 = toc.chunks[last].frame as usize;
-        let start = toc.frames[f0].offset;
-        let end = toc.frames[f1].offset + toc.frames[f1].compressed as u64;
+        }
+        let std::ops::Range { start, end } = span(toc, claimed);
         let mut out = Vec::new();
         for attempt in 0..2 {
             let t = Instant::now();
@@ -488,4 +483,11 @@ impl Fetcher {
         }
         Ok(out)
     }
+}
+
+/// The byte range of the object holding the frames of `claimed` (non-empty, ascending) chunks.
+fn span(toc: &Toc, claimed: &[usize]) -> std::ops::Range<u64> {
+    let frame = |k: usize| &toc.frames[toc.chunks[claimed[k]].frame as usize];
+    let (first, last) = (frame(0), frame(claimed.len() - 1));
+    first.offset..last.offset + last.compressed as u64
 }

@@ -19,26 +19,10 @@ use crate::exit::NotFound;
 use crate::images::resolve_image;
 
 const S_IFMT: u32 = 0o170000;
-const S_IFDIR: u32 = 0o040000;
-const S_IFCHR: u32 = 0o020000;
 
 struct Layer {
     desc: LayerDescriptor,
     image: ErofsImage,
-}
-
-fn is_dir(i: &Inode) -> bool {
-    i.mode & S_IFMT == S_IFDIR
-}
-
-fn is_whiteout(i: &Inode) -> bool {
-    i.mode & S_IFMT == S_IFCHR && i.rdev == 0
-}
-
-fn is_opaque(i: &Inode) -> bool {
-    i.xattrs
-        .iter()
-        .any(|(k, v)| k == b"trusted.overlay.opaque" && v == b"y")
 }
 
 /// An image's layers, top first.
@@ -68,7 +52,7 @@ impl View {
         let mut dirs = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
             let root = l.image.inode(l.image.root_nid())?;
-            let opaque = is_opaque(&root);
+            let opaque = root.is_opaque();
             dirs.push((i, root));
             if opaque {
                 break;
@@ -90,7 +74,7 @@ impl View {
             .split(|&b| b == b'/')
             .filter(|c| !c.is_empty() && *c != b".")
         {
-            if !is_dir(&cur.top.1) {
+            if !cur.top.1.is_dir() {
                 return Ok(None);
             }
             let mut next: Option<Found> = None;
@@ -100,13 +84,13 @@ impl View {
                     continue;
                 };
                 let inode = image.inode(e.nid)?;
-                if is_whiteout(&inode) {
+                if inode.is_whiteout() {
                     break;
                 }
                 match &mut next {
                     None => {
-                        let d = is_dir(&inode);
-                        let opaque = is_opaque(&inode);
+                        let d = inode.is_dir();
+                        let opaque = inode.is_opaque();
                         next = Some(Found {
                             top: (*li, inode.clone()),
                             dirs: if d { vec![(*li, inode)] } else { vec![] },
@@ -116,10 +100,10 @@ impl View {
                         }
                     }
                     Some(f) => {
-                        if !is_dir(&inode) {
+                        if !inode.is_dir() {
                             break;
                         }
-                        let opaque = is_opaque(&inode);
+                        let opaque = inode.is_opaque();
                         f.dirs.push((*li, inode));
                         if opaque {
                             break;
@@ -146,7 +130,7 @@ impl View {
                     continue;
                 }
                 let inode = image.inode(e.nid)?;
-                if is_whiteout(&inode) {
+                if inode.is_whiteout() {
                     hidden.insert(e.name);
                 } else {
                     out.insert(e.name, (*li, inode));
@@ -220,7 +204,7 @@ pub fn ls(store: &Store, reference: &str, path: &str, json_out: bool) -> Result<
     let f = view
         .lookup(path.as_bytes())?
         .ok_or_else(|| NotFound(format!("{path}: no such entry in {reference}")))?;
-    let entries: Vec<(Vec<u8>, (usize, Inode))> = if is_dir(&f.top.1) {
+    let entries: Vec<(Vec<u8>, (usize, Inode))> = if f.top.1.is_dir() {
         view.list(&f)?.into_iter().collect()
     } else {
         let name = path.rsplit('/').next().unwrap_or(path).as_bytes().to_vec();

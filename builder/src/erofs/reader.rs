@@ -113,6 +113,18 @@ impl Inode {
         self.mode & 0o170000 == 0o040000
     }
 
+    /// An overlay whiteout: a 0:0 character device.
+    pub fn is_whiteout(&self) -> bool {
+        self.mode & 0o170000 == 0o020000 && self.rdev == 0
+    }
+
+    /// An overlay opaque directory (`trusted.overlay.opaque=y`).
+    pub fn is_opaque(&self) -> bool {
+        self.xattrs
+            .iter()
+            .any(|(k, v)| k == crate::tree::OPAQUE_XATTR && v == b"y")
+    }
+
     /// The dirent file type (`FT_*`) of this inode's mode.
     pub fn file_type(&self) -> u8 {
         file_type_of_mode(self.mode)

@@ -11,22 +11,18 @@
 
 use std::collections::HashMap;
 
-use strata_registry::digest::Digest;
 use strata_registry::store::Store;
 
-use super::parents::{erofs, meta_of, LowerView};
-use crate::erofs::{ChunkLoc, Layout};
+use crate::chunkmap::{ChunkDigests, ChunkLookupError};
+use crate::erofs::Layout;
 use crate::error::BuildError;
+use crate::lower::{erofs, meta_of, LowerView};
 use crate::source::{Entry, EntryKind};
 use crate::tree::{S_IFBLK, S_IFCHR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK};
 
-/// Block → chunk digest, per blob.
-type BlockMaps = HashMap<Digest, HashMap<u32, Digest>>;
-
 /// Resolves links to lower files for one layer build.
 pub(super) struct LinksBelow<'s> {
-    store: &'s Store,
-    maps: BlockMaps,
+    chunks: ChunkDigests<'s>,
     /// Lower target → the path of this layer that holds its copy.
     copies: HashMap<Vec<u8>, Vec<u8>>,
 }
@@ -38,8 +34,7 @@ fn show(p: &[u8]) -> String {
 impl<'s> LinksBelow<'s> {
     pub(super) fn new(store: &'s Store) -> LinksBelow<'s> {
         LinksBelow {
-            store,
-            maps: HashMap::new(),
+            chunks: ChunkDigests::new(store),
             copies: HashMap::new(),
         }
     }
@@ -74,14 +69,13 @@ impl<'s> LinksBelow<'s> {
         let mut data = None;
         let kind = match inode.mode & S_IFMT {
             S_IFREG if inode.layout == Layout::ChunkBased => {
-                let locs = layer.image.chunks(&inode).map_err(erofs)?;
-                let mut chunks = Vec::with_capacity(locs.len());
-                for loc in locs {
-                    chunks.push(match loc {
-                        Some(l) => Some(self.digest_at(lower, li, l, &fail)?),
-                        None => None,
-                    });
-                }
+                let chunks = self
+                    .chunks
+                    .file_chunks(&layer.image, &layer.blobs, &inode)
+                    .map_err(|e| match e {
+                        ChunkLookupError::Store(s) => BuildError::Store(s),
+                        e => fail(&e.to_string()),
+                    })?;
                 EntryKind::StoredFile {
                     size: inode.size,
                     chunks,
@@ -105,36 +99,5 @@ impl<'s> LinksBelow<'s> {
             kind,
         };
         Ok((entry, data))
-    }
-
-    /// The digest of the chunk at `loc` of lower layer `li`.
-    fn digest_at(
-        &mut self,
-        lower: &LowerView,
-        li: usize,
-        loc: ChunkLoc,
-        fail: &dyn Fn(&str) -> BuildError,
-    ) -> Result<Digest, BuildError> {
-        let blob = usize::from(loc.device)
-            .checked_sub(1)
-            .and_then(|i| lower.layers[li].blobs.get(i))
-            .ok_or_else(|| {
-                fail(&format!(
-                    "whose chunk names a device its layer lacks ({})",
-                    loc.device
-                ))
-            })?;
-        if !self.maps.contains_key(&blob.digest) {
-            let toc = self.store.get_toc(blob)?;
-            let map = toc.chunks.iter().map(|c| (c.block, c.digest)).collect();
-            self.maps.insert(blob.digest, map);
-        }
-        let digest = self.maps.get(&blob.digest).and_then(|m| m.get(&loc.block));
-        digest.copied().ok_or_else(|| {
-            fail(&format!(
-                "whose chunk at block {} is not in blob {}",
-                loc.block, blob.digest
-            ))
-        })
     }
 }

@@ -45,7 +45,8 @@ use crate::source::{tar, EntrySink};
 
 mod links;
 mod parents;
-use parents::{FillParents, LowerView};
+use crate::lower::LowerView;
+use parents::FillParents;
 
 /// The label naming the OCI diff ID a layer was imported from.
 pub const DIFF_ID_LABEL: &str = "org.opencontainers.image.diff_id";
