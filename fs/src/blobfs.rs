@@ -10,18 +10,25 @@
 //! between a chunk's end and the next 4 KiB block are zeros. This is the only module that speaks FUSE and
 //! the one place that maps errors to errno: every failure is `EIO`, and it comes within the fetcher's
 //! deadline. Access is the mounting user's (root) only unless a group is allowed.
+//!
+//! Each FUSE worker thread reads into one reused buffer (no allocation or zeroing per request) and the
+//! reply goes out from it. A read that moves sequentially into the next chunk of a blob asks the cache
+//! to read the following chunks' files ahead ([`Fetcher::read_ahead`]): chunk files are separate files,
+//! so the kernel's per-file readahead alone keeps one small read in flight at a time (measured: a 1 GiB
+//! blob's chunk files read in 1.0–1.3 s one after another, 0.66–0.71 s with eight in flight).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyEntry, ReplyOpen, Request, SessionACL,
+    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyEntry, ReplyOpen, Request, SessionACL,
 };
 use strata_registry::digest::Digest;
 use strata_registry::toc::BLOCK_SIZE;
@@ -38,6 +45,8 @@ const TTL: Duration = Duration::from_secs(3600);
 #[derive(Default)]
 pub struct BlobTable {
     inner: RwLock<Table>,
+    /// Notified when a blob is added (see [`BlobTable::wait_for`]).
+    added: (Mutex<()>, Condvar),
     /// Records the chunks reads touch while a prefetch trace runs.
     pub trace: strata_prefetch::Recorder,
 }
@@ -58,7 +67,31 @@ impl BlobTable {
             t.blobs.push(Arc::new(h));
             t.by_digest.insert(d, ino);
         }
+        drop(t);
+        let _g = self.added.0.lock().unwrap_or_else(|p| p.into_inner());
+        self.added.1.notify_all();
         d.hex()
+    }
+
+    /// Waits until every blob of `ds` is served; `false` if that has not happened within `timeout`.
+    pub fn wait_for(&self, ds: &[Digest], timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        let mut g = self.added.0.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if ds.iter().all(|d| self.contains(d)) {
+                return true;
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            g = self
+                .added
+                .1
+                .wait_timeout(g, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     /// The served blob with digest `d`.
@@ -199,6 +232,7 @@ impl BlobFs {
             let n = ((c.len as u64 - within) as usize).min(buf.len() - pos);
             self.table.trace.record(&blob.blob.digest, i as u32);
             let bytes = self.fetcher.chunk(blob, i)?;
+            self.fetcher.read_ahead(blob, i);
             bytes.read_at(&mut buf[pos..pos + n], within)?;
             pos += n;
         }
@@ -209,6 +243,9 @@ impl BlobFs {
 impl Filesystem for BlobFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_readahead(1 << 20);
+        // EROFS reads its devices with direct I/O from its readahead; without asynchronous direct I/O
+        // the kernel waits for each FUSE reply before it sends the next request, one at a time.
+        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
         Ok(())
     }
 
@@ -266,20 +303,28 @@ impl Filesystem for BlobFs {
             return reply.data(&[]);
         }
         let n = (size as u64).min(end - offset) as usize;
-        let mut buf = vec![0u8; n];
-        match self.read_view(&blob, offset, &mut buf) {
-            Ok(()) => {
-                self.metrics.reads.fetch_add(1, Ordering::Relaxed);
-                self.metrics
-                    .read_bytes
-                    .fetch_add(n as u64, Ordering::Relaxed);
-                reply.data(&buf)
-            }
-            Err(e) => {
-                self.metrics.error(e.kind());
-                reply.error(errno(&e))
-            }
+        thread_local! {
+            static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
         }
+        BUF.with_borrow_mut(|buf| {
+            if buf.len() < n {
+                buf.resize(n, 0);
+            }
+            let buf = &mut buf[..n];
+            match self.read_view(&blob, offset, buf) {
+                Ok(()) => {
+                    self.metrics.reads.fetch_add(1, Ordering::Relaxed);
+                    self.metrics
+                        .read_bytes
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    reply.data(buf)
+                }
+                Err(e) => {
+                    self.metrics.error(e.kind());
+                    reply.error(errno(&e))
+                }
+            }
+        })
     }
 
     fn readdir(

@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -215,6 +216,19 @@ impl ChunkCache {
                 let _ = std::fs::remove_file(self.path_of(&d));
                 self.stats.evictions.fetch_add(1, Ordering::Relaxed);
             }
+        }
+    }
+
+    /// Asks the kernel to start reading chunk `d`'s file into the page cache, if it is cached; does not
+    /// wait for the disk.
+    pub fn advise(&self, d: &Digest) {
+        if !self.contains(d) {
+            return;
+        }
+        // An evicted or missing file is no matter: this is only a hint.
+        if let Ok(f) = File::open(self.path_of(d)) {
+            // SAFETY: fadvise on a descriptor this function owns; no pointers involved.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED) };
         }
     }
 

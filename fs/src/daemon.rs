@@ -312,28 +312,42 @@ impl Daemon {
         if let Some(found) = take(&mut self.lock()) {
             return Ok(found);
         }
+        let started = std::time::Instant::now();
         let desc = self.store.get_layer(d)?;
         let bytes = desc.meta.size + desc.blobs.iter().map(|b| b.size).sum::<u64>();
-        // Metadata to local disk, verified (reused if already there and intact).
         let meta_path = self
             .config
             .state_dir
             .join("layers")
             .join(format!("{}.erofs", d.hex()));
-        let intact = std::fs::read(&meta_path).is_ok_and(|b| desc.meta.digest.matches(&b));
-        if intact {
-            metadir::touch(&meta_path);
-        } else {
-            let image = self.store.get_meta(&desc.meta.digest)?;
-            let tmp = meta_path.with_extension("tmp");
-            std::fs::write(&tmp, &image).map_err(|e| io(&tmp, e))?;
-            std::fs::rename(&tmp, &meta_path).map_err(|e| io(&meta_path, e))?;
-        }
+        // The metadata and the blobs' tables of contents are fetched at once: over a slow link each is a
+        // round trip or more, and the mount needs them all.
+        let (meta, tocs) = std::thread::scope(|s| {
+            let tocs: Vec<_> = desc
+                .blobs
+                .iter()
+                .filter(|b| !self.table.contains(&b.digest))
+                .map(|b| s.spawn(move || BlobHandle::open(&self.store, b)))
+                .collect();
+            let meta = self.fetch_meta(&desc.meta.digest, &meta_path);
+            let tocs: Result<Vec<BlobHandle>, DaemonError> = tocs
+                .into_iter()
+                .map(|h| match h.join() {
+                    Ok(r) => r.map_err(DaemonError::from),
+                    Err(_) => Err(DaemonError::Metadata(
+                        "table of contents fetch panicked".into(),
+                    )),
+                })
+                .collect();
+            (meta, tocs)
+        });
+        meta?;
+        let fetched = started.elapsed();
         let mut devices = Vec::new();
+        for h in tocs? {
+            self.table.add(h);
+        }
         for b in &desc.blobs {
-            if !self.table.contains(&b.digest) {
-                self.table.add(BlobHandle::open(&self.store, b)?);
-            }
             devices.push(
                 self.config
                     .runtime_dir
@@ -344,6 +358,8 @@ impl Daemon {
         let target = self.config.runtime_dir.join("layers").join(d.hex());
         std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
         mount::mount_erofs_with(&meta_path, &devices, &target, true)?;
+        tracing::debug!(layer = %d, fetched_ms = fetched.as_millis() as u64,
+            mounted_ms = started.elapsed().as_millis() as u64, "layer mounted");
         self.lock().layers.insert(
             *d,
             LayerMount {
@@ -354,6 +370,18 @@ impl Daemon {
             },
         );
         Ok((target, bytes))
+    }
+
+    /// A layer's metadata image at `path`, verified: reused if already there and intact, else fetched.
+    fn fetch_meta(&self, digest: &Digest, path: &Path) -> Result<(), DaemonError> {
+        if std::fs::read(path).is_ok_and(|b| digest.matches(&b)) {
+            metadir::touch(path);
+            return Ok(());
+        }
+        let image = self.store.get_meta(digest)?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, &image).map_err(|e| io(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| io(path, e))
     }
 
     /// Drops a reference to a layer; unmounts it when unused.
@@ -398,7 +426,10 @@ impl Daemon {
         if self.lock().sandboxes.contains_key(id) {
             return Err(DaemonError::SandboxExists(id.to_string()));
         }
+        let started = std::time::Instant::now();
         let (manifest, m) = self.resolve(image)?;
+        // The plan's lookup overlaps the layers' fetch and mount.
+        self.warming.sandbox_requested(&manifest);
         let mut lowers = Vec::new();
         let mut acquired = Vec::new();
         let mut image_bytes = 0;
@@ -461,7 +492,11 @@ impl Daemon {
             image_bytes,
         };
         self.lock().sandboxes.insert(id.to_string(), sb.clone());
-        self.warming.sandbox_created(&manifest);
+        tracing::debug!(
+            id,
+            ms = started.elapsed().as_millis() as u64,
+            "sandbox created"
+        );
         Ok(sb)
     }
 

@@ -14,6 +14,7 @@
 //! — which sequential and nearby reads are likely to want next — arrive in parallel.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,10 @@ pub struct BlobHandle {
     pub blob: BlobRef,
     pub toc: Toc,
     key: String,
+    /// The chunk the last read entered (`usize::MAX`: none yet), for [`Fetcher::read_ahead`].
+    last: AtomicUsize,
+    /// The first chunk not yet read ahead.
+    ahead: AtomicUsize,
 }
 
 impl BlobHandle {
@@ -67,6 +72,8 @@ impl BlobHandle {
             toc: store.get_toc(blob)?,
             blob: blob.clone(),
             key: key::blob(&blob.digest),
+            last: AtomicUsize::new(usize::MAX),
+            ahead: AtomicUsize::new(0),
         })
     }
 }
@@ -98,6 +105,19 @@ impl ChunkBytes {
 }
 
 type Outcome = Option<Result<(), FetchError>>;
+
+/// Chunks read ahead of a sequential read from the cache (see [`Fetcher::read_ahead`]).
+pub const READ_AHEAD: usize = 8;
+
+/// The first chunk to read ahead when a sequential read enters chunk `i` and the window ends at `end`:
+/// chunks before `ahead` were read ahead already, if `ahead` is this run's (within `(i, end]`); an
+/// `ahead` elsewhere is an earlier run's.
+fn ahead_from(ahead: usize, i: usize, end: usize) -> usize {
+    match ahead > i && ahead <= end {
+        true => ahead,
+        false => i + 1,
+    }
+}
 
 /// One fetched chunk, or why it could not be had.
 type ChunkResult = Result<Arc<Vec<u8>>, FetchError>;
@@ -221,6 +241,27 @@ impl Fetcher {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Arc<Flight>>> {
         self.inflight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A read entered chunk `i` of `blob`. When that continues a sequential read (the previous read
+    /// entered chunk `i - 1`), the cache starts reading the files of the next [`READ_AHEAD`] cached
+    /// chunks from disk (each chunk once), so that the disk works on several at a time.
+    pub fn read_ahead(&self, blob: &BlobHandle, i: usize) {
+        let last = blob.last.swap(i, Ordering::Relaxed);
+        if last == i || last.wrapping_add(1) != i {
+            return;
+        }
+        let end = (i + 1 + READ_AHEAD).min(blob.toc.chunks.len());
+        // Racing readers at worst advise a chunk twice or not at all: it is a hint.
+        let ahead = blob.ahead.swap(end, Ordering::Relaxed);
+        for c in blob
+            .toc
+            .chunks
+            .get(ahead_from(ahead, i, end)..end)
+            .unwrap_or(&[])
+        {
+            self.cache.advise(&c.digest);
+        }
     }
 
     /// Chunk `i` of `blob`, verified.
@@ -490,4 +531,21 @@ fn span(toc: &Toc, claimed: &[usize]) -> std::ops::Range<u64> {
     let frame = |k: usize| &toc.frames[toc.chunks[claimed[k]].frame as usize];
     let (first, last) = (frame(0), frame(claimed.len() - 1));
     first.offset..last.offset + last.compressed as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_ahead_window_moves_once_per_chunk_and_restarts() {
+        // First sequential step into chunk 1 of 100 (nothing read ahead yet): chunks 2..10.
+        assert_eq!(ahead_from(0, 1, 10), 2);
+        // Into chunk 2: only chunk 10 is new.
+        assert_eq!(ahead_from(10, 2, 11), 10);
+        // A second pass from the start after the first ran to the end: the whole window again.
+        assert_eq!(ahead_from(100, 1, 10), 2);
+        // Near the end of the blob the window is cut short.
+        assert_eq!(ahead_from(100, 99, 100), 100);
+    }
 }

@@ -1,12 +1,14 @@
 //! The daemon's side of prefetch: trace recording hooks and warming an image's plan when it is mounted.
 //!
-//! When a sandbox is created, [`Warming::sandbox_created`] looks (in a background thread: sandbox
+//! When a sandbox is requested, [`Warming::sandbox_requested`] looks (in a background thread: sandbox
 //! creation never waits on it) for a prefetch plan of the sandbox's image in the store, at most once a
 //! minute per image, and if there is one and it is not already being warmed, warms it with
 //! [`strata_prefetch::warm`]: chunks fetched through the same [`Fetcher`] demand reads use, so they are
 //! verified, cached, merged into range requests and shared with any demand read of the same chunk. Only
 //! chunks of blobs the node serves are warmed; a plan entry naming an unknown chunk is skipped. Progress
-//! shows in the status document and the metrics. Recording ([`strata_prefetch::Recorder`]) lives in the
+//! shows in the status document and the metrics. The lookup starts as soon as the image's manifest is
+//! known, while the layers are still being fetched and mounted, so that its round trips overlap the
+//! mount's; warming itself starts once the plan's blobs are served. Recording ([`strata_prefetch::Recorder`]) lives in the
 //! blob table, where the FUSE read path sees every chunk it touches.
 
 use std::collections::HashMap;
@@ -20,6 +22,9 @@ use strata_registry::store::Store;
 
 use crate::blobfs::BlobTable;
 use crate::fetch::Fetcher;
+
+/// How long a plan waits for its blobs to be served (the sandbox's layers mounted).
+const BLOBS_WAIT: Duration = Duration::from_secs(60);
 
 /// How often an image without a plan is looked up again.
 const RECHECK: Duration = Duration::from_secs(60);
@@ -79,8 +84,9 @@ impl Warming {
         }
     }
 
-    /// A sandbox of image `manifest` was mounted: warm its plan if it has one and it is not warming.
-    pub fn sandbox_created(&self, manifest: &Digest) {
+    /// A sandbox of image `manifest` is being created: warm its plan, if it has one and it is not
+    /// warming, once the plan's blobs are served (or [`BLOBS_WAIT`] passed).
+    pub fn sandbox_requested(&self, manifest: &Digest) {
         let Some(opts) = self.opts.clone() else {
             return;
         };
@@ -117,6 +123,11 @@ impl Warming {
                 let mut blobs: Vec<Digest> = plan.entries.iter().map(|e| e.blob).collect();
                 blobs.sort_unstable();
                 blobs.dedup();
+                if !src.table.wait_for(&blobs, BLOBS_WAIT) {
+                    // A failed mount, or a plan naming a blob the image does not have: what is
+                    // served is warmed, the rest skipped.
+                    tracing::warn!(image = %m, "some blobs of the prefetch plan are not served");
+                }
                 fetcher.set_planned(&blobs, true);
                 match warm(Arc::new(plan.entries), src, opts, stats.clone()) {
                     Ok(h) => {
