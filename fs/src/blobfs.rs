@@ -13,9 +13,10 @@
 //!
 //! Each FUSE worker thread reads into one reused buffer (no allocation or zeroing per request) and the
 //! reply goes out from it. A read that moves sequentially into the next chunk of a blob asks the cache
-//! to read the following chunks' files ahead ([`Fetcher::read_ahead`]): chunk files are separate files,
-//! so the kernel's per-file readahead alone keeps one small read in flight at a time (measured: a 1 GiB
-//! blob's chunk files read in 1.0–1.3 s one after another, 0.66–0.71 s with eight in flight).
+//! to read the following chunks ahead ([`Fetcher::read_ahead`]): a blob's chunks need not be neighbours
+//! in the cache's files, so the kernel's readahead of those files alone may keep one small read in
+//! flight at a time (measured with a file per chunk: a 1 GiB blob read in 1.0–1.3 s one chunk after
+//! another, 0.66–0.71 s with eight in flight).
 
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -1,15 +1,26 @@
 //! The node's chunk cache: verified chunks on local disk, shared by every mount, bounded, persistent.
 //!
-//! Chunks are files named by their digest (`<dir>/<hh>/<hex>`), written to a temporary name and renamed
-//! into place only after their digest was checked, so the cache never holds a byte that was not verified.
-//! The index (size, recency, pins) lives in memory and is rebuilt from the directory when the daemon
-//! starts; chunks found on disk at start are re-verified on their first read, so a torn or rotted file is
-//! dropped rather than served. The cache is bounded: inserting past the capacity evicts the least recently
-//! used chunks, never one that is pinned by a reader. Equal chunks of different blobs are cached once.
+//! **Layout.** Chunks live in *segment files* (`<dir>/seg-<n>`, up to [`SEGMENT_BYTES`] each), appended
+//! at 4 KiB-aligned offsets, not in a file per chunk: creating a file per chunk cost the cold path more
+//! than decompressing it (ext4 allocating an inode for every chunk, and the page cache, dentry and inode
+//! of a file per chunk afterwards), and a read then costs no `open`. Each segment has an index file
+//! (`seg-<n>.idx`) of fixed-size records appended after the chunk's bytes are written: *put* (digest,
+//! offset, length) and *drop* (the same, when the chunk is evicted). The index in memory (where each chunk
+//! is, its size, recency, pins) is rebuilt from those records when the daemon starts.
+//!
+//! **Only verified bytes.** A chunk is inserted only after the caller verified it, and becomes visible
+//! only once its bytes are written. Chunks found at start are re-verified on their first read, so a torn,
+//! rotted or never-synced chunk (a crash after the record but before the data reached the disk) is
+//! dropped rather than served.
+//!
+//! **Bounded.** Inserting past the capacity evicts the least recently used chunks, never one that is
+//! pinned by a reader. An evicted chunk's blocks are freed at once (`fallocate` punching a hole; on a
+//! filesystem without holes the space comes back when the whole segment is deleted, which happens when
+//! its last chunk goes). Equal chunks of different blobs are cached once (the key is the chunk digest).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::io::Write;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -17,6 +28,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use strata_registry::digest::Digest;
+
+/// Largest segment file (a chunk larger than this gets a segment of its own).
+pub const SEGMENT_BYTES: u64 = 256 << 20;
+
+/// Alignment of chunks in a segment (whole blocks, so that an evicted chunk's blocks can be freed).
+const ALIGN: u64 = 4096;
+
+/// An index record: kind (1 put, 2 drop), digest, offset, length.
+const RECORD: usize = 1 + 32 + 8 + 8;
+const PUT: u8 = 1;
+const DROP: u8 = 2;
 
 /// Errors of the cache.
 #[derive(Debug, thiserror::Error)]
@@ -37,11 +59,21 @@ fn io(path: &Path, source: std::io::Error) -> CacheError {
 }
 
 struct Entry {
+    seg: u64,
+    offset: u64,
     size: u64,
     tick: u64,
     pins: u32,
     /// False for chunks found on disk at start, until a read re-verifies them.
     verified: bool,
+}
+
+/// One segment file and its index.
+struct Segment {
+    data: Arc<File>,
+    index: File,
+    /// Chunks stored in it (including ones being written).
+    live: u64,
 }
 
 #[derive(Default)]
@@ -51,6 +83,10 @@ struct State {
     lru: BTreeMap<u64, Digest>,
     tick: u64,
     used: u64,
+    segments: HashMap<u64, Segment>,
+    /// The segment chunks are appended to, and its end.
+    head: Option<(u64, u64)>,
+    next_segment: u64,
 }
 
 /// Counters the daemon exports.
@@ -66,6 +102,7 @@ pub struct CacheStats {
 pub struct ChunkCache {
     dir: PathBuf,
     capacity: u64,
+    segment_bytes: u64,
     state: Mutex<State>,
     pub stats: CacheStats,
 }
@@ -74,16 +111,21 @@ pub struct ChunkCache {
 pub struct Pinned {
     cache: Arc<ChunkCache>,
     digest: Digest,
-    file: File,
+    file: Arc<File>,
+    offset: u64,
     pub size: u64,
 }
 
 impl Pinned {
     /// Reads `buf.len()` bytes at `offset` in the chunk.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), CacheError> {
+        if offset + buf.len() as u64 > self.size {
+            let e = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "read past chunk end");
+            return Err(io(&self.cache.dir, e));
+        }
         self.file
-            .read_exact_at(buf, offset)
-            .map_err(|e| io(&self.cache.path_of(&self.digest), e))
+            .read_exact_at(buf, self.offset + offset)
+            .map_err(|e| io(&self.cache.dir, e))
     }
 }
 
@@ -98,54 +140,137 @@ impl Drop for Pinned {
     }
 }
 
+fn record(kind: u8, d: &Digest, offset: u64, len: u64) -> [u8; RECORD] {
+    let mut r = [0u8; RECORD];
+    r[0] = kind;
+    r[1..33].copy_from_slice(&d.0);
+    r[33..41].copy_from_slice(&offset.to_le_bytes());
+    r[41..49].copy_from_slice(&len.to_le_bytes());
+    r
+}
+
+fn segment_id(name: &str) -> Option<u64> {
+    name.strip_prefix("seg-")?.parse().ok()
+}
+
+/// The live chunks of a segment from its index records: digest → (offset, length). A torn record at the
+/// end (a crash while appending) is ignored.
+fn read_index(path: &Path) -> std::io::Result<HashMap<Digest, (u64, u64)>> {
+    let mut b = Vec::new();
+    File::open(path)?.read_to_end(&mut b)?;
+    let mut live = HashMap::new();
+    for r in b.chunks_exact(RECORD) {
+        let mut d = [0u8; 32];
+        d.copy_from_slice(&r[1..33]);
+        let num = |a: usize| u64::from_le_bytes(r[a..a + 8].try_into().unwrap_or([0; 8]));
+        let (offset, len) = (num(33), num(41));
+        match r[0] {
+            PUT => {
+                live.insert(Digest(d), (offset, len));
+            }
+            DROP => {
+                if live.get(&Digest(d)) == Some(&(offset, len)) {
+                    live.remove(&Digest(d));
+                }
+            }
+            _ => break,
+        }
+    }
+    Ok(live)
+}
+
 impl ChunkCache {
     /// Opens (creating) the cache in `dir`, bounded to `capacity` bytes; indexes chunks already there.
     pub fn open(dir: &Path, capacity: u64) -> Result<Arc<ChunkCache>, CacheError> {
+        Self::open_segmented(dir, capacity, SEGMENT_BYTES)
+    }
+
+    /// [`ChunkCache::open`] with segments of `segment_bytes`.
+    pub fn open_segmented(
+        dir: &Path,
+        capacity: u64,
+        segment_bytes: u64,
+    ) -> Result<Arc<ChunkCache>, CacheError> {
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        let mut st = State::default();
         let mut found = Vec::new();
-        for sub in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
-            let sub = sub.map_err(|e| io(dir, e))?.path();
-            if !sub.is_dir() {
-                continue;
-            }
-            for f in std::fs::read_dir(&sub).map_err(|e| io(&sub, e))? {
-                let f = f.map_err(|e| io(&sub, e))?;
-                let name = f.file_name();
-                let name = name.to_string_lossy();
-                let Ok(d) = Digest::from_hex(&name) else {
-                    // Temporary files of an interrupted insert.
-                    let _ = std::fs::remove_file(f.path());
-                    continue;
-                };
-                let m = f.metadata().map_err(|e| io(&f.path(), e))?;
-                let atime = m.accessed().or_else(|_| m.modified()).ok();
-                found.push((atime, d, m.len()));
+        for f in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+            let f = f.map_err(|e| io(dir, e))?;
+            let path = f.path();
+            let name = f.file_name().to_string_lossy().into_owned();
+            if let Some(id) = segment_id(&name) {
+                found.push(id);
+            } else if !name.ends_with(".idx") {
+                // The one-file-per-chunk layout of earlier versions, or stray files: not ours to keep.
+                let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
             }
         }
-        found.sort_by_key(|(t, _, _)| *t);
+        found.sort_unstable();
+        for id in found {
+            st.next_segment = st.next_segment.max(id + 1);
+            let path = dir.join(format!("seg-{id}"));
+            let idx = dir.join(format!("seg-{id}.idx"));
+            let live = read_index(&idx).unwrap_or_default();
+            if live.is_empty() {
+                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(&idx);
+                continue;
+            }
+            let opened = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .and_then(|d| Ok((d, OpenOptions::new().append(true).open(&idx)?)));
+            let Ok((data, index)) = opened else {
+                tracing::warn!(segment = %path.display(), "chunk cache segment unreadable; dropped");
+                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(&idx);
+                continue;
+            };
+            let mut n = 0;
+            for (d, (offset, size)) in live {
+                if st.entries.contains_key(&d) {
+                    continue;
+                }
+                st.tick += 1;
+                st.lru.insert(st.tick, d);
+                st.used += size;
+                n += 1;
+                let entry = Entry {
+                    seg: id,
+                    offset,
+                    size,
+                    tick: st.tick,
+                    pins: 0,
+                    verified: false,
+                };
+                st.entries.insert(d, entry);
+            }
+            let data = Arc::new(data);
+            let seg = Segment {
+                data,
+                index,
+                live: n,
+            };
+            st.segments.insert(id, seg);
+        }
+        // Index files whose segment is gone.
+        for f in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            let seg = name.strip_suffix(".idx").and_then(segment_id);
+            if seg.is_some_and(|id| !st.segments.contains_key(&id)) {
+                let _ = std::fs::remove_file(f.path());
+            }
+        }
         let cache = Arc::new(ChunkCache {
             dir: dir.to_path_buf(),
             capacity,
-            state: Mutex::new(State::default()),
+            segment_bytes,
+            state: Mutex::new(st),
             stats: CacheStats::default(),
         });
         {
             let mut st = cache.lock();
-            for (_, d, size) in found {
-                st.tick += 1;
-                let tick = st.tick;
-                st.lru.insert(tick, d);
-                st.used += size;
-                st.entries.insert(
-                    d,
-                    Entry {
-                        size,
-                        tick,
-                        pins: 0,
-                        verified: false,
-                    },
-                );
-            }
             cache.evict(&mut st, capacity);
         }
         Ok(cache)
@@ -155,32 +280,22 @@ impl ChunkCache {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn path_of(&self, d: &Digest) -> PathBuf {
-        let hex = d.hex();
-        self.dir.join(&hex[..2]).join(hex)
-    }
-
-    /// Bytes held.
     pub fn used(&self) -> u64 {
         self.lock().used
     }
 
-    /// The configured bound.
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
 
-    /// Number of chunks held.
     pub fn len(&self) -> usize {
         self.lock().entries.len()
     }
 
-    /// True if the cache holds nothing.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// True if the chunk is cached (without touching its recency).
     pub fn contains(&self, d: &Digest) -> bool {
         self.lock().entries.contains_key(d)
     }
@@ -195,82 +310,184 @@ impl ChunkCache {
         }
     }
 
+    /// Forgets a chunk: a drop record, its blocks freed, its segment deleted when it was the last.
+    fn forget(&self, st: &mut State, d: &Digest) {
+        let Some(e) = st.entries.remove(d) else {
+            return;
+        };
+        st.used -= e.size;
+        st.lru.remove(&e.tick);
+        self.release(st, e.seg, d, e.offset, e.size);
+    }
+
+    /// Deletes segment `id` (it holds no chunk).
+    fn drop_segment(&self, st: &mut State, id: u64) {
+        st.segments.remove(&id);
+        let _ = std::fs::remove_file(self.dir.join(format!("seg-{id}")));
+        let _ = std::fs::remove_file(self.dir.join(format!("seg-{id}.idx")));
+    }
+
+    /// Releases a chunk's place in segment `seg`.
+    fn release(&self, st: &mut State, seg: u64, d: &Digest, offset: u64, size: u64) {
+        let head = st.head.map(|h| h.0);
+        let Some(s) = st.segments.get_mut(&seg) else {
+            return;
+        };
+        s.live = s.live.saturating_sub(1);
+        if s.live == 0 && head != Some(seg) {
+            self.drop_segment(st, seg);
+            return;
+        }
+        // A lost drop record only means the chunk is found, and fails its check, after a restart.
+        let _ = s.index.write_all(&record(DROP, d, offset, size));
+        let len = size.div_ceil(ALIGN) * ALIGN;
+        // SAFETY: fallocate on a descriptor the segment owns; no pointers involved. Failing (no hole
+        // support) only delays freeing the space until the segment goes.
+        unsafe {
+            libc::fallocate(
+                s.data.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            );
+        }
+    }
+
     /// Evicts least recently used, unpinned chunks until `used <= target`.
     fn evict(&self, st: &mut State, target: u64) {
         if st.used <= target {
             return;
         }
-        let victims: Vec<(u64, Digest)> = st
+        let victims: Vec<Digest> = st
             .lru
-            .iter()
-            .map(|(t, d)| (*t, *d))
-            .filter(|(_, d)| st.entries.get(d).is_some_and(|e| e.pins == 0))
+            .values()
+            .filter(|d| st.entries.get(d).is_some_and(|e| e.pins == 0))
+            .copied()
             .collect();
-        for (tick, d) in victims {
+        for d in victims {
             if st.used <= target {
                 break;
             }
-            if let Some(e) = st.entries.remove(&d) {
-                st.used -= e.size;
-                st.lru.remove(&tick);
-                let _ = std::fs::remove_file(self.path_of(&d));
-                self.stats.evictions.fetch_add(1, Ordering::Relaxed);
-            }
+            self.forget(st, &d);
+            self.stats.evictions.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// Asks the kernel to start reading chunk `d`'s file into the page cache, if it is cached; does not
-    /// wait for the disk.
+    /// Asks the kernel to start reading chunk `d` from disk into the page cache, if it is cached; does
+    /// not wait for the disk.
     pub fn advise(&self, d: &Digest) {
-        if !self.contains(d) {
-            return;
-        }
-        // An evicted or missing file is no matter: this is only a hint.
-        if let Ok(f) = File::open(self.path_of(d)) {
-            // SAFETY: fadvise on a descriptor this function owns; no pointers involved.
-            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED) };
+        let (file, offset, size) = {
+            let st = self.lock();
+            let Some(e) = st.entries.get(d) else {
+                return;
+            };
+            let Some(s) = st.segments.get(&e.seg) else {
+                return;
+            };
+            (s.data.clone(), e.offset, e.size)
+        };
+        // SAFETY: fadvise on a descriptor the segment owns; no pointers involved. Only a hint.
+        unsafe {
+            libc::posix_fadvise(
+                file.as_raw_fd(),
+                offset as libc::off_t,
+                size as libc::off_t,
+                libc::POSIX_FADV_WILLNEED,
+            );
         }
     }
 
     /// The chunk, pinned, if cached. A chunk found on disk at start is verified on its first read and
     /// dropped if it does not match.
     pub fn get(self: &Arc<Self>, d: &Digest) -> Option<Pinned> {
-        let needs_check = {
+        let (file, offset, size, check) = {
             let mut st = self.lock();
             let e = st.entries.get_mut(d)?;
             e.pins += 1;
-            let check = !e.verified;
+            let (seg, offset, size, check) = (e.seg, e.offset, e.size, !e.verified);
             Self::touch(&mut st, d);
-            check
+            let file = st.segments.get(&seg).map(|s| s.data.clone());
+            (file, offset, size, check)
         };
-        let path = self.path_of(d);
-        let ok_file = File::open(&path)
-            .ok()
-            .filter(|_| !needs_check || std::fs::read(&path).is_ok_and(|b| d.matches(&b)));
+        let intact = file.as_ref().is_some_and(|f| {
+            !check || {
+                let mut b = vec![0u8; size as usize];
+                f.read_exact_at(&mut b, offset).is_ok() && d.matches(&b)
+            }
+        });
         let mut st = self.lock();
-        match ok_file {
-            Some(file) => {
-                let e = st.entries.get_mut(d)?;
-                e.verified = true;
-                let size = e.size;
+        match (file, intact) {
+            (Some(file), true) => {
+                if let Some(e) = st.entries.get_mut(d) {
+                    e.verified = true;
+                }
                 drop(st);
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
                 Some(Pinned {
                     cache: self.clone(),
                     digest: *d,
                     file,
+                    offset,
                     size,
                 })
             }
-            None => {
-                if let Some(e) = st.entries.remove(d) {
-                    st.used -= e.size;
-                    st.lru.remove(&e.tick);
-                }
-                let _ = std::fs::remove_file(&path);
+            _ => {
+                tracing::warn!(chunk = %d, "cached chunk failed verification; dropped");
+                self.forget(&mut st, d);
                 None
             }
         }
+    }
+
+    /// Where a chunk of `len` bytes goes: a segment and an offset, reserved (the segment counts it).
+    fn reserve(&self, st: &mut State, len: u64) -> Result<(u64, u64, Arc<File>), CacheError> {
+        let room = st
+            .head
+            .filter(|&(_, end)| end == 0 || end + len <= self.segment_bytes);
+        let (seg, offset) = match room {
+            Some(h) => h,
+            None => {
+                let id = st.next_segment;
+                let path = self.dir.join(format!("seg-{id}"));
+                let idx = self.dir.join(format!("seg-{id}.idx"));
+                let data = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&path)
+                    .map_err(|e| io(&path, e))?;
+                // A new segment's index starts empty (a stale one would name chunks it does not have).
+                let _ = std::fs::remove_file(&idx);
+                let index = OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(&idx)
+                    .map_err(|e| io(&idx, e))?;
+                st.next_segment += 1;
+                // The old head may hold nothing any more: it can go now.
+                if let Some((old, _)) = st.head.replace((id, 0)) {
+                    if st.segments.get(&old).is_some_and(|s| s.live == 0) {
+                        self.drop_segment(st, old);
+                    }
+                }
+                let data = Arc::new(data);
+                let seg = Segment {
+                    data,
+                    index,
+                    live: 0,
+                };
+                st.segments.insert(id, seg);
+                (id, 0)
+            }
+        };
+        st.head = Some((seg, offset + len.div_ceil(ALIGN) * ALIGN));
+        let s = st
+            .segments
+            .get_mut(&seg)
+            .ok_or_else(|| io(&self.dir, std::io::Error::other("segment vanished")))?;
+        s.live += 1;
+        Ok((seg, offset, s.data.clone()))
     }
 
     /// Inserts a chunk whose bytes the caller has verified against `d`, then evicts down to the bound.
@@ -278,41 +495,40 @@ impl ChunkCache {
         if self.contains(d) {
             return Ok(());
         }
-        let path = self.path_of(d);
-        let parent = path.parent().unwrap_or(&self.dir);
-        std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let tmp = parent.join(format!(
-            ".tmp-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let mut f = File::create(&tmp).map_err(|e| io(&tmp, e))?;
-        let written = f.write_all(bytes).and_then(|_| f.flush());
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io(&tmp, e));
-        }
-        std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
+        let len = bytes.len() as u64;
+        let (seg, offset, file) = self.reserve(&mut self.lock(), len)?;
+        let path = self.dir.join(format!("seg-{seg}"));
+        let written = file.write_all_at(bytes, offset);
         let mut st = self.lock();
-        if !st.entries.contains_key(d) {
-            st.tick += 1;
-            let tick = st.tick;
-            st.lru.insert(tick, *d);
-            st.used += bytes.len() as u64;
-            st.entries.insert(
-                *d,
-                Entry {
-                    size: bytes.len() as u64,
-                    tick,
-                    pins: 0,
-                    verified: true,
-                },
-            );
-            self.stats
-                .inserted_bytes
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        if let Err(e) = written {
+            self.release(&mut st, seg, d, offset, len);
+            return Err(io(&path, e));
         }
+        if st.entries.contains_key(d) {
+            // Another insert of the same chunk won.
+            self.release(&mut st, seg, d, offset, len);
+            return Ok(());
+        }
+        if let Some(s) = st.segments.get_mut(&seg) {
+            if let Err(e) = s.index.write_all(&record(PUT, d, offset, len)) {
+                self.release(&mut st, seg, d, offset, len);
+                return Err(io(&path.with_extension("idx"), e));
+            }
+        }
+        st.tick += 1;
+        let tick = st.tick;
+        st.lru.insert(tick, *d);
+        st.used += len;
+        let entry = Entry {
+            seg,
+            offset,
+            size: len,
+            tick,
+            pins: 0,
+            verified: true,
+        };
+        st.entries.insert(*d, entry);
+        self.stats.inserted_bytes.fetch_add(len, Ordering::Relaxed);
         let cap = self.capacity;
         self.evict(&mut st, cap);
         Ok(())
@@ -326,6 +542,15 @@ mod tests {
     fn chunk(i: u8, n: usize) -> (Digest, Vec<u8>) {
         let b = vec![i; n];
         (Digest::of(&b), b)
+    }
+
+    fn files(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
     }
 
     #[test]
@@ -346,6 +571,10 @@ mod tests {
         let mut buf = [0u8; 10];
         pinned.read_at(&mut buf, 990).unwrap();
         assert_eq!(buf, [1u8; 10]);
+        assert!(
+            pinned.read_at(&mut buf, 995).is_err(),
+            "read past the chunk"
+        );
         drop(pinned);
     }
 
@@ -359,13 +588,70 @@ mod tests {
             c.insert(&d1, &b1).unwrap();
             c.insert(&d2, &b2).unwrap();
         }
-        // Rot one file on disk.
-        let hex = d2.hex();
-        std::fs::write(dir.path().join(&hex[..2]).join(&hex), vec![9u8; 500]).unwrap();
+        // Rot the second chunk on disk (chunks sit at 4 KiB boundaries).
+        let seg = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("seg-0"))
+            .unwrap();
+        seg.write_all_at(&[9u8; 500], 4096).unwrap();
         let c = ChunkCache::open(dir.path(), 10_000).unwrap();
         assert_eq!(c.len(), 2);
-        assert!(c.get(&d1).is_some());
+        let p = c.get(&d1).expect("intact chunk");
+        let mut buf = vec![0u8; 500];
+        p.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, b1);
         assert!(c.get(&d2).is_none(), "rotten chunk served");
         assert!(!c.contains(&d2));
+        // A torn record at the end of an index is ignored.
+        drop((p, c));
+        let mut idx = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("seg-0.idx"))
+            .unwrap();
+        idx.write_all(&[PUT, 1, 2, 3]).unwrap();
+        let c = ChunkCache::open(dir.path(), 10_000).unwrap();
+        assert_eq!(c.len(), 1);
+        assert!(c.get(&d1).is_some());
+    }
+
+    #[test]
+    fn evictions_persist_and_empty_segments_go() {
+        let dir = tempfile::tempdir().unwrap();
+        // Segments of 8 KiB: two 3000-byte chunks each (4 KiB aligned).
+        let c = ChunkCache::open_segmented(dir.path(), 6000, 8192).unwrap();
+        let cs: Vec<_> = (1..=4).map(|i| chunk(i, 3000)).collect();
+        for (d, b) in &cs {
+            c.insert(d, b).unwrap();
+        }
+        // Bound 6000: only the last two remain; the first segment emptied and was deleted.
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.used(), 6000);
+        assert!(!c.contains(&cs[0].0) && !c.contains(&cs[1].0));
+        assert_eq!(files(dir.path()), ["seg-1", "seg-1.idx"]);
+        drop(c);
+        // After a restart with a smaller bound, evictions made then stay made.
+        let c = ChunkCache::open_segmented(dir.path(), 3000, 8192).unwrap();
+        assert_eq!(c.len(), 1);
+        drop(c);
+        let c = ChunkCache::open_segmented(dir.path(), 100_000, 8192).unwrap();
+        assert_eq!(c.len(), 1, "an evicted chunk came back");
+        // A chunk larger than a segment gets one of its own.
+        let (big, bb) = chunk(9, 20_000);
+        c.insert(&big, &bb).unwrap();
+        assert_eq!(c.get(&big).unwrap().size, 20_000);
+        let (d, b) = cs[2..].iter().find(|(d, _)| c.contains(d)).unwrap();
+        let mut buf = vec![0u8; 3000];
+        c.get(d).unwrap().read_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b);
+    }
+
+    #[test]
+    fn the_old_layout_is_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("ab")).unwrap();
+        std::fs::write(dir.path().join("ab").join("abcd"), b"x").unwrap();
+        let c = ChunkCache::open(dir.path(), 1000).unwrap();
+        assert!(c.is_empty());
+        assert!(files(dir.path()).is_empty());
     }
 }

@@ -244,7 +244,7 @@ impl Fetcher {
     }
 
     /// A read entered chunk `i` of `blob`. When that continues a sequential read (the previous read
-    /// entered chunk `i - 1`), the cache starts reading the files of the next [`READ_AHEAD`] cached
+    /// entered chunk `i - 1`), the cache starts reading the next [`READ_AHEAD`] cached
     /// chunks from disk (each chunk once), so that the disk works on several at a time.
     pub fn read_ahead(&self, blob: &BlobHandle, i: usize) {
         let last = blob.last.swap(i, Ordering::Relaxed);
@@ -392,11 +392,11 @@ impl Fetcher {
                 // No thread to spare: fetch the followers here, after our own frame.
                 let out = self.complete(blob, &claimed[..own], &flights[..own]);
                 let _ = self.complete(blob, &claimed[own..], &flights[own..]);
-                return Some(self.mine(blob, i, out));
+                return Some(self.mine(blob, out));
             }
         }
         let out = self.complete(blob, &claimed[..own], &flights[..own]);
-        Some(self.mine(blob, i, out))
+        Some(self.mine(blob, out))
     }
 
     /// Fetches `claimed` chunks (one request), then completes their flights, successful or not, and
@@ -427,23 +427,19 @@ impl Fetcher {
         result
     }
 
-    /// The leader's own chunk `i` (always the first claimed) out of its fetch.
+    /// The leader's own chunk (always the first claimed) out of its fetch.
     fn mine(
         &self,
         blob: &BlobHandle,
-        i: usize,
         result: Result<Vec<ChunkResult>, FetchError>,
     ) -> Result<ChunkBytes, FetchError> {
-        let toc = &blob.toc;
         let mine = match result {
             Ok(fetched) => fetched.into_iter().next(),
             Err(e) => Some(Err(e)),
         };
         match mine {
-            Some(Ok(bytes)) => Ok(match self.cache.get(&toc.chunks[i].digest) {
-                Some(p) => ChunkBytes::Cached(p),
-                None => ChunkBytes::Memory(bytes),
-            }),
+            // Its bytes are at hand: no need to read them back from the cache.
+            Some(Ok(bytes)) => Ok(ChunkBytes::Memory(bytes)),
             Some(Err(e)) => Err(e),
             None => Err(FetchError::Invalid {
                 blob: blob.blob.digest,
