@@ -646,6 +646,54 @@ mod tests {
     }
 
     #[test]
+    fn a_full_disk_fails_the_insert_and_keeps_what_is_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: NUL-terminated strings that outlive the call.
+        let mounted = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                path.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                c"size=64k".as_ptr().cast(),
+            )
+        } == 0;
+        if !mounted {
+            eprintln!("skipped: cannot mount a small tmpfs here (needs root)");
+            return;
+        }
+        let c = ChunkCache::open(dir.path(), 1 << 30).unwrap();
+        let mut stored = Vec::new();
+        let err = (1..=8u8)
+            .map(|i| chunk(i, 16 << 10))
+            .find_map(|(d, b)| match c.insert(&d, &b) {
+                Ok(()) => {
+                    stored.push((d, b));
+                    None
+                }
+                Err(e) => Some(e),
+            })
+            .expect("a 64 KiB filesystem took 128 KiB");
+        assert!(err.to_string().contains("seg-0"), "{err}");
+        assert!(!stored.is_empty());
+        assert_eq!(c.len(), stored.len());
+        for (d, b) in &stored {
+            let mut buf = vec![0u8; b.len()];
+            c.get(d).unwrap().read_at(&mut buf, 0).unwrap();
+            assert_eq!(&buf, b);
+        }
+        drop(c);
+        // After a restart the same chunks, and only those, are there.
+        let c = ChunkCache::open(dir.path(), 1 << 30).unwrap();
+        assert_eq!(c.len(), stored.len());
+        assert!(stored.iter().all(|(d, _)| c.get(d).is_some()));
+        drop(c);
+        // SAFETY: as above.
+        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    }
+
+    #[test]
     fn the_old_layout_is_cleared() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("ab")).unwrap();

@@ -573,38 +573,51 @@ impl Daemon {
     pub fn start(store: &StoreEnv, extra: &[&str]) -> Daemon {
         let state = scratch("state");
         let runtime = state.path().join("run");
+        let socket = runtime.join("stratad.sock");
+        let mut d = Daemon {
+            child: None,
+            state,
+            runtime,
+            socket,
+            store: store.clone(),
+        };
+        d.spawn(extra);
+        d
+    }
+
+    /// Stops the daemon and starts it again on the same state directory (chunk cache, metadata).
+    pub fn restart(&mut self, extra: &[&str]) {
+        let left = self.stop();
+        assert!(left.is_empty(), "mounts left behind: {left:?}");
+        self.spawn(extra);
+    }
+
+    fn spawn(&mut self, extra: &[&str]) {
+        let _ = std::fs::remove_file(&self.socket);
         let mut c = Command::new(stratad_bin());
         c.arg("--config")
             .arg("/nonexistent")
             .arg("--store")
-            .arg(&store.url)
+            .arg(&self.store.url)
             .arg("--state-dir")
-            .arg(state.path())
+            .arg(self.state.path())
             .arg("--runtime-dir")
-            .arg(&runtime)
+            .arg(&self.runtime)
             .args(extra)
             .env("STRATA_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
-        for (k, v) in &store.env {
+        for (k, v) in &self.store.env {
             c.env(k, v);
         }
-        let child = c.spawn().expect("start stratad");
-        let socket = runtime.join("stratad.sock");
+        self.child = Some(c.spawn().expect("start stratad"));
         let start = Instant::now();
-        while !socket.exists() {
+        while !self.socket.exists() {
             assert!(
                 start.elapsed() < Duration::from_secs(30),
                 "stratad did not start"
             );
             std::thread::sleep(Duration::from_millis(20));
-        }
-        Daemon {
-            child: Some(child),
-            state,
-            runtime,
-            socket,
-            store: store.clone(),
         }
     }
 

@@ -177,7 +177,8 @@ fn s3_lazy_reads_survive_a_store_outage_within_the_deadline() {
             ("big.bin", random_bytes(16 << 20, 9)),
         ],
     );
-    let d = Daemon::start(&store, &["--read-timeout", "2", "--max-fetch-span", "1M"]);
+    let flags = ["--read-timeout", "2", "--max-fetch-span", "1M"];
+    let mut d = Daemon::start(&store, &flags);
     let rootfs = d.ok(&["mount", "lazy:v1", "--sandbox", "l1"]);
     let root = Path::new(&rootfs);
     assert_eq!(std::fs::read(root.join("data/a.bin")).expect("read a"), a);
@@ -239,6 +240,26 @@ fn s3_lazy_reads_survive_a_store_outage_within_the_deadline() {
     );
     let m = d.strata(&["ps"]);
     assert!(m.status.success());
+
+    // The chunk cache outlives the daemon: after a restart, what was read before reads with the store
+    // down (the mount itself needs the store: tag, manifest, tables of contents).
+    d.restart(&flags);
+    let ps = json(&d.ok(&["ps", "--json"]));
+    assert!(
+        ps["status"]["cache"]["chunks"].as_u64().expect("chunks") > 0,
+        "cache empty after a restart: {ps}"
+    );
+    let rootfs = d.ok(&["mount", "lazy:v1", "--sandbox", "l3"]);
+    let root = Path::new(&rootfs);
+    proxy.set_down(true);
+    std::fs::write("/proc/sys/vm/drop_caches", "3").ok();
+    assert_eq!(
+        std::fs::read(root.join("data/a.bin")).expect("read from the cache of the last run"),
+        a
+    );
+    let err = std::fs::read(root.join("data/big.bin")).expect_err("never read, store down");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    proxy.set_down(false);
 }
 
 #[test]

@@ -23,6 +23,7 @@
 //! of a whole object is verified against its digest before it is returned.
 
 mod backend;
+mod frames;
 mod tagfile;
 
 use std::path::{Path, PathBuf};
@@ -288,7 +289,7 @@ impl Store {
             _ => None,
         };
         let z = match patch {
-            None => crate::toc::compress(meta, 3),
+            None => frames::compress(meta, 3),
             Some((bd, bimg)) => {
                 let payload = patch_compress(meta, bimg).map_err(|e| StoreError::Malformed {
                     key: key.clone(),
@@ -355,14 +356,14 @@ impl Store {
             let mut len = [0u8; 8];
             len.copy_from_slice(&z[40..48]);
             let len = u64::from_le_bytes(len);
-            if len > 1 << 34 {
+            if len > META_MAX {
                 return Err(bad(format!("patch claims {len} bytes")));
             }
             let base = self.get_meta_at(&Digest(bd), depth + 1)?;
             patch_decompress(&z[48..], &base, len as usize)
                 .map_err(|e| bad(format!("zstd patch: {e}")))?
         } else {
-            zstd::stream::decode_all(&z[..]).map_err(|e| bad(format!("not a zstd stream: {e}")))?
+            frames::decompress(&z, META_MAX).map_err(|e| bad(format!("not a zstd stream: {e}")))?
         };
         let actual = Digest::of(&image);
         if actual != *d {
@@ -592,6 +593,9 @@ impl Store {
         Ok(out)
     }
 }
+
+/// Largest metadata image a store object may decompress to.
+const META_MAX: u64 = 1 << 34;
 
 /// Marks a metadata object stored as a patch: magic, base digest (32 bytes), image length (u64), payload.
 const META_PATCH_MAGIC: &[u8; 8] = b"STRMETP1";
