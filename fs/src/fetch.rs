@@ -496,9 +496,12 @@ impl Fetcher {
                 };
                 match chunk {
                     Some(b) => {
-                        self.cache
-                            .insert(&c.digest, &b)
-                            .map_err(|e| FetchError::Cache(e.to_string()))?;
+                        // A cache that cannot take the chunk (a full disk) costs a later refetch, not
+                        // this read: the bytes are verified and at hand.
+                        if let Err(e) = self.cache.insert(&c.digest, &b) {
+                            self.metrics.error("cache");
+                            tracing::warn!(error = %e, "chunk not cached; served from memory");
+                        }
                         out.push(Ok(Arc::new(b)));
                     }
                     None => {

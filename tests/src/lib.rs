@@ -571,7 +571,11 @@ pub struct Daemon {
 impl Daemon {
     /// Starts stratad on `store` with extra flags; waits for its socket.
     pub fn start(store: &StoreEnv, extra: &[&str]) -> Daemon {
-        let state = scratch("state");
+        Daemon::start_in(store, scratch("state"), extra)
+    }
+
+    /// [`Daemon::start`] on a prepared state directory.
+    pub fn start_in(store: &StoreEnv, state: tempfile::TempDir, extra: &[&str]) -> Daemon {
         let runtime = state.path().join("run");
         let socket = runtime.join("stratad.sock");
         let mut d = Daemon {

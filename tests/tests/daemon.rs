@@ -331,6 +331,42 @@ fn cache_bound_holds_under_a_larger_working_set() {
 }
 
 #[test]
+fn reads_go_on_when_the_cache_disk_is_full() {
+    if !can_mount() {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let data = random_bytes(6 << 20, 21);
+    build_image(&store, "full:v1", &[("big.bin", data.clone())]);
+    // The chunk cache on a 512 KiB filesystem: most chunks cannot be cached.
+    let state = scratch("state");
+    let cache = state.path().join("cache");
+    std::fs::create_dir_all(&cache).expect("mkdir");
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"])
+        .arg(&cache)
+        .status()
+        .expect("mount");
+    assert!(st.success(), "mount tmpfs");
+    let mut d = Daemon::start_in(&store, state, &["--max-fetch-span", "256K"]);
+    let rootfs = d.ok(&["mount", "full:v1", "--sandbox", "f1"]);
+    let got = std::fs::read(Path::new(&rootfs).join("data/big.bin"));
+    let client = strata_fs::api::Client {
+        socket: d.socket.clone(),
+    };
+    let metrics = client.call("GET", "/metrics", None).expect("GET /metrics");
+    d.stop();
+    let _ = std::process::Command::new("umount").arg(&cache).status();
+    assert_eq!(got.expect("read with the cache disk full"), data);
+    let text = metrics.as_str().expect("metrics are text");
+    assert!(
+        text.contains("strata_errors_total{kind=\"cache\"}"),
+        "no cache error counted:\n{text}"
+    );
+}
+
+#[test]
 fn layer_metadata_of_released_layers_is_trimmed_to_its_bound() {
     if !can_mount() {
         return;
