@@ -3,12 +3,13 @@
 local materialized copy of the same layer) and against the eager path (download the image's tar.zst,
 extract, run), on the fat agent base of benches/make-fat.sh.
 
-usage: sudo benches/coldstart.py [prepare|plan|noplan|local|stat|seq|link|all]... [--runs N]
+usage: sudo benches/coldstart.py [prepare|plan|record|noplan|local|stat|seq|link|all]... [--runs N]
 
   prepare  builds the images into a local store (file://), materializes them (`strata materialize`), makes
            the eager path's tar.zst (`tar -c | zstd -3 -T2`); idempotent, under $BENCH_DATA/cs/
   plan     records the import's reads as the fat image's prefetch plan (`strata trace`): from then on
            stratad warms the plan when a sandbox of the image is created (rows say "plan": true)
+  record   the same plan recorded by stratad itself (`--record-plans`) from a first sandbox running the import
   noplan   removes the plan pointer again (the default measurements are without a plan)
   local    cold start, local store: mount + `python3 -c 'import numpy, pandas'` in bubblewrap, through a
            fresh stratad (empty chunk cache) on the file:// store, against mounting the materialized copy
@@ -130,14 +131,14 @@ def umount(path):
 class Daemon:
     """A fresh stratad (own state dir: empty chunk cache) on `store`; stopped with SIGTERM."""
 
-    def __init__(self, store, env=None, state=None):
+    def __init__(self, store, env=None, state=None, args=()):
         self.work = tempfile.mkdtemp(prefix="strata-cs-", dir="/var/tmp")
         self.state = state or f"{self.work}/state"
         self.run = f"{self.work}/run"
         self.sock = f"{self.run}/stratad.sock"
         e = {**os.environ, "STRATA_LOG": "warn", **(env or {})}
         self.p = subprocess.Popen([STRATAD, "--config", "/dev/null", "--store", store, "--state-dir", self.state,
-                                   "--runtime-dir", self.run, *EXTRA], env=e)
+                                   "--runtime-dir", self.run, *EXTRA, *args], env=e)
         for _ in range(600):
             if os.path.exists(self.sock):
                 return
@@ -247,6 +248,24 @@ def make_plan():
         sh(f"{STRATA} --store {STORE} --socket {d.sock} trace fat:v1 --json -- {' '.join(IMPORT[:2])} "
            f"'{IMPORT[2]}' > {CS}/plan.json")
         log(f"plan: {open(f'{CS}/plan.json').read().strip()}")
+    finally:
+        d.stop()
+
+
+def record_plan():
+    """Has stratad record the fat image's plan itself (`--record-plans`): a node with no plan for the image
+    runs the import in its first sandbox and stores the reads of its first seconds as the plan."""
+    drop_plan()
+    d = Daemon(STORE, args=("--record-plans", "10"))
+    try:
+        drop_caches()
+        sb = d.mount("fat:v1", "rec")
+        timed(bwrap(sb["rootfs"], IMPORT))
+        for _ in range(600):
+            if call(d.sock, "GET", "/v1/status").get("recording_plan") is None:
+                break
+            time.sleep(0.1)
+        log(f"recorded plan: {os.path.exists(plan_pointer())}")
     finally:
         d.stop()
 
@@ -573,6 +592,8 @@ def main():
         drop_plan()
     if "plan" in what:
         make_plan()
+    if "record" in what:
+        record_plan()
     if "local" in what:
         bench_local(a.runs or 5)
     if "stat" in what:

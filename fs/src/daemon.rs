@@ -60,6 +60,9 @@ pub struct Config {
     pub prefetch_rate: u64,
     /// Bound of the metadata kept on disk for layers no longer mounted (least recently used go first).
     pub metadata_cache_size: u64,
+    /// Record the chunks read in this many seconds after a sandbox of an image without a prefetch plan
+    /// is requested, and store them as its plan (0: never). Needs write access to the store.
+    pub record_plans_secs: f64,
 }
 
 impl Default for Config {
@@ -77,6 +80,7 @@ impl Default for Config {
             prefetch_threads: None,
             prefetch_rate: 256 << 20,
             metadata_cache_size: 4 << 30,
+            record_plans_secs: 0.0,
         }
     }
 }
@@ -277,7 +281,15 @@ impl Daemon {
             rate: config.prefetch_rate,
             ..WarmOptions::default()
         });
-        let warming = Warming::new(store.clone(), table.clone(), fetcher.clone(), warm_opts);
+        let record = (config.record_plans_secs > 0.0)
+            .then(|| Duration::from_secs_f64(config.record_plans_secs.min(86_400.0)));
+        let warming = Warming::new(
+            store.clone(),
+            table.clone(),
+            fetcher.clone(),
+            warm_opts,
+            record,
+        );
         Ok(Arc::new(Daemon {
             warming,
             config,
@@ -597,11 +609,14 @@ impl Daemon {
             "sandboxes": st.sandboxes.len(),
             "prefetch": self.warming.status(),
             "trace": self.table.trace.is_on(),
+            "recording_plan": self.warming.recording().map(|d| d.to_string()),
         })
     }
 
     /// Starts recording the chunks reads touch (`strata trace`); `false` if a trace already runs.
     pub fn trace_start(&self) -> bool {
+        // An explicit trace takes the recorder from a plan recording.
+        self.warming.cancel_recording();
         self.table.trace.start()
     }
 

@@ -6,7 +6,16 @@
 //! [`strata_prefetch::warm`]: chunks fetched through the same [`Fetcher`] demand reads use, so they are
 //! verified, cached, merged into range requests and shared with any demand read of the same chunk. Only
 //! chunks of blobs the node serves are warmed; a plan entry naming an unknown chunk is skipped. Progress
-//! shows in the status document and the metrics. The lookup starts as soon as the image's manifest is
+//! shows in the status document and the metrics.
+//!
+//! **Recorded plans** (opt-in, `record_plans_secs`): when an image has no plan, the node records the chunks
+//! read during the first seconds after its sandbox was requested, with the same recorder `strata trace`
+//! uses, and stores them as the image's plan if it still has none, so that every other node starts the
+//! image warm. Only chunks of the image's own blobs go in; a plan holds chunk references, never data, and
+//! warming verifies every chunk, so a sandbox can at worst make a plan useless, not wrong. An explicit
+//! `strata trace` takes the recorder over (the recording is dropped); one recording runs at a time.
+//!
+//! The lookup starts as soon as the image's manifest is
 //! known, while the layers are still being fetched and mounted, so that its round trips overlap the
 //! mount's; warming itself starts once the plan's blobs are served. Recording ([`strata_prefetch::Recorder`]) lives in the
 //! blob table, where the FUSE read path sees every chunk it touches.
@@ -16,7 +25,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use strata_prefetch::{warm, ChunkSource, Plan, WarmOptions, WarmStats};
+use strata_prefetch::{warm, ChunkSource, Plan, PlanEntry, WarmOptions, WarmStats};
 use strata_registry::digest::Digest;
 use strata_registry::store::Store;
 
@@ -42,6 +51,10 @@ pub struct Warming {
     fetcher: Arc<Fetcher>,
     opts: Option<WarmOptions>,
     images: Arc<Mutex<HashMap<Digest, State>>>,
+    /// How long to record an image without a plan (`None`: never).
+    record: Option<Duration>,
+    /// The image being recorded.
+    recording: Arc<Mutex<Option<Digest>>>,
 }
 
 /// Fetches plan chunks through the daemon's fetcher.
@@ -74,6 +87,7 @@ impl Warming {
         table: Arc<BlobTable>,
         fetcher: Arc<Fetcher>,
         opts: Option<WarmOptions>,
+        record: Option<Duration>,
     ) -> Warming {
         Warming {
             store,
@@ -81,15 +95,31 @@ impl Warming {
             fetcher,
             opts,
             images: Arc::new(Mutex::new(HashMap::new())),
+            record,
+            recording: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The image whose plan is being recorded, if any.
+    pub fn recording(&self) -> Option<Digest> {
+        *lock(&self.recording)
+    }
+
+    /// Drops a recording in progress (an explicit trace takes the recorder, or the daemon stops).
+    pub fn cancel_recording(&self) {
+        if let Some(m) = lock(&self.recording).take() {
+            self.table.trace.stop();
+            tracing::info!(image = %m, "plan recording dropped");
         }
     }
 
     /// A sandbox of image `manifest` is being created: warm its plan, if it has one and it is not
     /// warming, once the plan's blobs are served (or [`BLOBS_WAIT`] passed).
     pub fn sandbox_requested(&self, manifest: &Digest) {
-        let Some(opts) = self.opts.clone() else {
+        let (opts, record) = (self.opts.clone(), self.record);
+        if opts.is_none() && record.is_none() {
             return;
-        };
+        }
         {
             let mut images = lock(&self.images);
             match images.get(manifest) {
@@ -105,16 +135,25 @@ impl Warming {
             table: self.table.clone(),
             fetcher: self.fetcher.clone(),
         });
+        let recording = self.recording.clone();
         let spawned = std::thread::Builder::new()
             .name("strata-plan".into())
             .spawn(move || {
                 let plan = match Plan::get(&store, &m) {
                     Ok(Some(p)) => p,
-                    Ok(None) => return,
+                    Ok(None) => {
+                        if let Some(window) = record {
+                            record_plan(&store, &src.table, &recording, m, window);
+                        }
+                        return;
+                    }
                     Err(e) => {
                         tracing::warn!(image = %m, error = %e, "prefetch plan unreadable");
                         return;
                     }
+                };
+                let Some(opts) = opts else {
+                    return;
                 };
                 let stats = Arc::new(WarmStats::default());
                 tracing::info!(image = %m, chunks = plan.entries.len(), "warming prefetch plan");
@@ -170,12 +209,93 @@ impl Warming {
             .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
-    /// Stops every warming run (daemon shutdown).
+    /// Stops every warming run and drops a recording (daemon shutdown).
     pub fn stop(&self) {
+        self.cancel_recording();
         for s in lock(&self.images).values() {
             if let State::Warming(w) = s {
                 w.stop.store(true, Ordering::SeqCst);
             }
         }
     }
+}
+
+/// Records the chunks read during `window` as image `m`'s plan and stores it if the image still has none
+/// (see the module documentation). Returns at once if the recorder is taken.
+fn record_plan(
+    store: &Store,
+    table: &BlobTable,
+    recording: &Mutex<Option<Digest>>,
+    m: Digest,
+    window: Duration,
+) {
+    {
+        let mut r = lock(recording);
+        if r.is_some() || !table.trace.start() {
+            return;
+        }
+        *r = Some(m);
+    }
+    tracing::info!(image = %m, seconds = window.as_secs_f64(), "recording a prefetch plan");
+    let end = Instant::now() + window;
+    while Instant::now() < end {
+        if *lock(recording) != Some(m) {
+            return; // taken over
+        }
+        std::thread::sleep(
+            Duration::from_millis(100).min(end.saturating_duration_since(Instant::now())),
+        );
+    }
+    let entries = {
+        let r = lock(recording);
+        if *r != Some(m) {
+            return;
+        }
+        table.trace.stop()
+    };
+    // `recording` names the image until its plan is stored (the status document shows it).
+    match store_recorded(store, m, entries, window) {
+        Ok(Some((d, n))) => {
+            tracing::info!(image = %m, plan = %d, chunks = n, "prefetch plan recorded")
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(image = %m, error = %e, "recorded prefetch plan not stored"),
+    }
+    let mut r = lock(recording);
+    if *r == Some(m) {
+        *r = None;
+    }
+}
+
+/// Stores recorded entries (those of image `m`'s blobs) as its plan unless it has one by now or nothing
+/// of it was read; the plan's digest and length.
+fn store_recorded(
+    store: &Store,
+    m: Digest,
+    entries: Vec<PlanEntry>,
+    window: Duration,
+) -> Result<Option<(Digest, usize)>, strata_prefetch::plan::PlanError> {
+    let manifest = store.get_manifest(&m)?;
+    let mut blobs = std::collections::HashSet::new();
+    for l in &manifest.layers {
+        blobs.extend(store.get_layer(&l.digest)?.blobs.iter().map(|b| b.digest));
+    }
+    let entries: Vec<PlanEntry> = entries
+        .into_iter()
+        .filter(|e| blobs.contains(&e.blob))
+        .collect();
+    if entries.is_empty() || Plan::get(store, &m)?.is_some() {
+        return Ok(None);
+    }
+    let plan = Plan {
+        schema: strata_prefetch::plan::PLAN_SCHEMA,
+        manifest: m,
+        command: vec![format!(
+            "(recorded by stratad: the first {} s of a sandbox)",
+            window.as_secs_f64()
+        )],
+        entries,
+    };
+    let n = plan.entries.len();
+    Ok(Some((plan.put(store)?, n)))
 }

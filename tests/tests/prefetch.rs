@@ -8,24 +8,56 @@ use std::time::{Duration, Instant};
 use strata_tests::proxy::Proxy;
 use strata_tests::*;
 
+/// An S3 store behind a proxy that can be taken down, and an image tagged `tag` of busybox with two
+/// 3 MiB files, `a.bin` and `b.bin` (seeded with `seed`, `seed + 1`); `None` without an S3 server. Bind
+/// `_s3` where it is taken apart: the server stops when it is dropped.
+struct Fixture {
+    _s3: S3Server,
+    proxy: Proxy,
+    store: StoreEnv,
+    src: tempfile::TempDir,
+    a: Vec<u8>,
+    b: Vec<u8>,
+}
+
+fn fixture(bucket: &str, tag: &str, seed: u32) -> Option<Fixture> {
+    let s3 = S3Server::start(bucket)?;
+    let proxy = Proxy::start(s3.port);
+    let mut store = s3.store(bucket, "p");
+    store.env[0].1 = format!("http://127.0.0.1:{}", proxy.port);
+    let src = scratch("img");
+    busybox_rootfs(src.path());
+    let a = random_bytes(3 << 20, seed);
+    let b = random_bytes(3 << 20, seed + 1);
+    std::fs::write(src.path().join("data/a.bin"), &a).expect("write");
+    std::fs::write(src.path().join("data/b.bin"), &b).expect("write");
+    store.ok(&["build", src.path().to_str().expect("utf8"), "-t", tag]);
+    Some(Fixture {
+        _s3: s3,
+        proxy,
+        store,
+        src,
+        a,
+        b,
+    })
+}
+
 #[test]
 fn a_traced_plan_is_warmed_when_a_sandbox_is_created() {
     if !can_mount() {
         return;
     }
-    let Some(s3) = S3Server::start("prefetch") else {
+    let Some(Fixture {
+        _s3,
+        proxy,
+        store,
+        a,
+        b,
+        ..
+    }) = fixture("prefetch", "pf:v1", 21)
+    else {
         return;
     };
-    let proxy = Proxy::start(s3.port);
-    let mut store = s3.store("prefetch", "p");
-    store.env[0].1 = format!("http://127.0.0.1:{}", proxy.port);
-    let src = scratch("img");
-    busybox_rootfs(src.path());
-    let a = random_bytes(3 << 20, 21);
-    let b = random_bytes(3 << 20, 22);
-    std::fs::write(src.path().join("data/a.bin"), &a).expect("write");
-    std::fs::write(src.path().join("data/b.bin"), &b).expect("write");
-    store.ok(&["build", src.path().to_str().expect("utf8"), "-t", "pf:v1"]);
 
     // Trace a run on one node.
     {
@@ -79,31 +111,9 @@ fn a_traced_plan_is_warmed_when_a_sandbox_is_created() {
     }
 
     // A fresh node (empty cache) warms the plan when a sandbox is created.
-    let d = Daemon::start(&store, &["--read-timeout", "2", "--max-fetch-span", "1M"]);
-    let rootfs = d.ok(&["mount", "pf:v1", "--sandbox", "p1"]);
-    let start = Instant::now();
-    let warmed = loop {
-        let ps = json(&d.ok(&["ps", "--json"]));
-        let pf = ps["status"]["prefetch"].clone();
-        let done = pf
-            .as_object()
-            .and_then(|m| m.values().next())
-            .is_some_and(|w| w["done"].as_bool() == Some(true));
-        if done {
-            break pf;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "prefetch did not finish: {pf}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let w = warmed
-        .as_object()
-        .and_then(|m| m.values().next())
-        .expect("one image");
-    assert!(w["fetched"].as_u64().expect("fetched") >= 1, "{warmed}");
-    assert_eq!(w["errors"].as_u64(), Some(0), "{warmed}");
+    let (d, rootfs, w) = warmed_node(&store, "pf:v1");
+    assert!(w["fetched"].as_u64().expect("fetched") >= 1, "{w}");
+    assert_eq!(w["errors"].as_u64(), Some(0), "{w}");
     let metrics = strata_fs::api::Client {
         socket: d.socket.clone(),
     }
@@ -113,14 +123,110 @@ fn a_traced_plan_is_warmed_when_a_sandbox_is_created() {
     assert!(metrics.contains("strata_prefetch_bytes_total"), "{metrics}");
 
     // The store goes away: the traced file reads from the cache, another file cannot be read.
-    proxy.set_down(true);
+    planned_reads_survive_the_store(&proxy, &rootfs, &a);
     let root = Path::new(&rootfs);
+    proxy.set_down(false);
+    assert_eq!(std::fs::read(root.join("data/b.bin")).expect("b.bin"), b);
+}
+
+/// Polls node `d`'s status until `f` holds (or panics after 30 s); returns the status.
+fn wait_status(
+    d: &Daemon,
+    what: &str,
+    f: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let ps = json(&d.ok(&["ps", "--json"]));
+        if f(&ps["status"]) {
+            return ps["status"].clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: {}",
+            ps["status"]
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_plan_recorded_by_one_node_warms_the_next() {
+    if !can_mount() {
+        return;
+    }
+    let Some(Fixture {
+        _s3,
+        proxy,
+        store,
+        src,
+        a,
+        ..
+    }) = fixture("record", "rec:v1", 31)
+    else {
+        return;
+    };
+    std::fs::write(src.path().join("data/c.bin"), b"another image").expect("write");
+    store.ok(&["build", src.path().to_str().expect("utf8"), "-t", "rec2:v1"]);
+
+    // Node 1 records the first two seconds of the image's first sandbox; a.bin is read then.
+    {
+        let d = Daemon::start(&store, &["--record-plans", "2"]);
+        let rootfs = d.ok(&["mount", "rec:v1", "--sandbox", "r1"]);
+        wait_status(&d, "recording did not start", |s| {
+            s["recording_plan"].is_string()
+        });
+        assert_eq!(
+            std::fs::read(Path::new(&rootfs).join("data/a.bin")).expect("a"),
+            a
+        );
+        wait_status(&d, "plan not stored", |s| s["recording_plan"].is_null());
+        // An explicit trace takes the recorder from a recording (another image, no plan yet).
+        d.ok(&["mount", "rec2:v1", "--sandbox", "r2"]);
+        wait_status(&d, "second recording did not start", |s| {
+            s["recording_plan"].is_string()
+        });
+        d.ok(&["trace", "rec2:v1", "--", "/bin/true"]);
+        let s = wait_status(&d, "recording not dropped", |s| {
+            s["recording_plan"].is_null()
+        });
+        assert_eq!(s["trace"].as_bool(), Some(false), "{s}");
+    }
+
+    // Node 2, empty cache and no recording of its own, warms the recorded plan.
+    let (_d, rootfs, w) = warmed_node(&store, "rec:v1");
+    assert!(w["fetched"].as_u64().expect("fetched") >= 3, "{w}");
+    planned_reads_survive_the_store(&proxy, &rootfs, &a);
+}
+
+/// A fresh node (empty cache) creates a sandbox of `tag` and warms its plan; returns the node, the
+/// sandbox's rootfs and the warming's status.
+fn warmed_node(store: &StoreEnv, tag: &str) -> (Daemon, String, serde_json::Value) {
+    let d = Daemon::start(store, &["--read-timeout", "2", "--max-fetch-span", "1M"]);
+    let rootfs = d.ok(&["mount", tag, "--sandbox", "warm1"]);
+    let s = wait_status(&d, "the plan was not warmed", |s| {
+        s["prefetch"]
+            .as_object()
+            .and_then(|m| m.values().next())
+            .is_some_and(|w| w["done"].as_bool() == Some(true))
+    });
+    let w = s["prefetch"]
+        .as_object()
+        .and_then(|m| m.values().next())
+        .expect("one image")
+        .clone();
+    (d, rootfs, w)
+}
+
+/// With the store down, `a.bin` (planned) reads from the cache and `b.bin` (not planned) fails with EIO;
+/// the store is left down.
+fn planned_reads_survive_the_store(proxy: &Proxy, rootfs: &str, a: &[u8]) {
+    proxy.set_down(true);
+    let root = Path::new(rootfs);
     assert_eq!(
         std::fs::read(root.join("data/a.bin")).expect("a.bin from the cache"),
         a
     );
     let err = std::fs::read(root.join("data/b.bin")).expect_err("b.bin needs the store");
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
-    proxy.set_down(false);
-    assert_eq!(std::fs::read(root.join("data/b.bin")).expect("b.bin"), b);
 }

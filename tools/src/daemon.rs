@@ -51,6 +51,10 @@ struct Args {
     /// Bound of the metadata kept for layers no longer mounted, e.g. 4G.
     #[arg(long)]
     metadata_cache_size: Option<String>,
+    /// Record the reads of this many seconds after an image without a prefetch plan is first mounted
+    /// and store them as its plan (needs write access to the store; 0: off).
+    #[arg(long, value_name = "SECS")]
+    record_plans: Option<f64>,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -119,6 +123,9 @@ fn load(args: &Args) -> Result<Config> {
     }
     if args.group.is_some() {
         c.group = args.group;
+    }
+    if let Some(t) = args.record_plans {
+        c.record_plans_secs = t;
     }
     Ok(c)
 }
