@@ -694,6 +694,58 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_inserts_reads_and_evictions_never_serve_wrong_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        // Small bound and segments: constant eviction, segment turnover and hole punching.
+        let c = ChunkCache::open_segmented(dir.path(), 100 << 10, 64 << 10).unwrap();
+        let chunks: Arc<Vec<(Digest, Vec<u8>)>> = Arc::new(
+            (0..64u32)
+                .map(|i| {
+                    let n = 1000 + (i as usize * 7919) % (20 << 10);
+                    let b: Vec<u8> = (0..n)
+                        .map(|j| (j as u32 ^ i.wrapping_mul(2654435761)) as u8)
+                        .collect();
+                    (Digest::of(&b), b)
+                })
+                .collect(),
+        );
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let (c, chunks) = (c.clone(), chunks.clone());
+                s.spawn(move || {
+                    let mut x = t.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+                    for _ in 0..500 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let (d, b) = &chunks[(x % 64) as usize];
+                        if x % 3 == 0 {
+                            c.insert(d, b).unwrap();
+                        } else if let Some(p) = c.get(d) {
+                            let mut buf = vec![0u8; b.len()];
+                            p.read_at(&mut buf, 0).unwrap();
+                            assert_eq!(&buf, b, "wrong bytes for a cached chunk");
+                        }
+                    }
+                });
+            }
+        });
+        assert!(c.used() <= 100 << 10, "used {} over the bound", c.used());
+        let n = c.len();
+        drop(c);
+        let c = ChunkCache::open_segmented(dir.path(), 100 << 10, 64 << 10).unwrap();
+        assert_eq!(c.len(), n, "a restart changed what is cached");
+        for (d, b) in chunks.iter() {
+            if let Some(p) = c.get(d) {
+                let mut buf = vec![0u8; b.len()];
+                p.read_at(&mut buf, 0).unwrap();
+                assert_eq!(&buf, b, "wrong bytes after a restart");
+            }
+        }
+        assert_eq!(c.len(), n, "a chunk failed its check after a restart");
+    }
+
+    #[test]
     fn the_old_layout_is_cleared() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("ab")).unwrap();
