@@ -34,15 +34,13 @@ benches/results/coldstart-<stamp>.jsonl. Environment: BENCH_DATA (/var/tmp/strat
 (/var/tmp/strata-target) for the release strata, stratad and linkproxy binaries, STRATAD (another stratad), QUIET_MAX (120), RTT_MS
 (20), MBIT (1000), STRATAD_ARGS (extra flags for stratad, e.g. "--max-fetch-span 1M").
 """
-import argparse, ctypes, email.utils, http.server, urllib.parse, json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+import argparse, ctypes, email.utils, http.server, urllib.parse, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time
 
-from density import call  # the control socket client
+import stratad
+from stratad import BIN, call
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TARGET = os.environ.get("CARGO_TARGET_DIR", "/var/tmp/strata-target")
-STRATA = f"{TARGET}/release/strata"
-STRATAD = os.environ.get("STRATAD", f"{TARGET}/release/stratad")
-LINKPROXY = f"{TARGET}/release/linkproxy"
+STRATA, STRATAD, LINKPROXY = BIN["strata"], BIN["stratad"], BIN["linkproxy"]
 D = os.environ.get("BENCH_DATA", "/var/tmp/strata-bench")
 CS = f"{D}/cs"
 STORE = f"file://{CS}/store"
@@ -128,43 +126,9 @@ def umount(path):
 
 # ---------------------------------------------------------------- stratad
 
-class Daemon:
-    """A fresh stratad (own state dir: empty chunk cache) on `store`; stopped with SIGTERM."""
-
-    def __init__(self, store, env=None, state=None, args=()):
-        self.work = tempfile.mkdtemp(prefix="strata-cs-", dir="/var/tmp")
-        self.state = state or f"{self.work}/state"
-        self.run = f"{self.work}/run"
-        self.sock = f"{self.run}/stratad.sock"
-        e = {**os.environ, "STRATA_LOG": "warn", **(env or {})}
-        self.p = subprocess.Popen([STRATAD, "--config", "/dev/null", "--store", store, "--state-dir", self.state,
-                                   "--runtime-dir", self.run, *EXTRA, *args], env=e)
-        for _ in range(600):
-            if os.path.exists(self.sock):
-                return
-            if self.p.poll() is not None:
-                raise RuntimeError("stratad exited")
-            time.sleep(0.02)
-        raise RuntimeError("stratad did not start")
-
-    def mount(self, image, sid):
-        return call(self.sock, "POST", "/v1/sandboxes", {"image": image, "id": sid})
-
-    def sandbox(self, sid):
-        return call(self.sock, "GET", f"/v1/sandboxes/{sid}")
-
-    def stop(self):
-        self.p.send_signal(signal.SIGTERM)
-        try:
-            self.p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
-        for line in reversed(open("/proc/self/mountinfo").read().splitlines()):
-            mp = line.split()[4]
-            if mp.startswith(self.work):
-                umount(mp)
-        shutil.rmtree(self.work, ignore_errors=True)
+def Daemon(store, env=None, state=None, args=()):
+    """A fresh stratad (own state dir: empty chunk cache) with `$STRATAD_ARGS`; `stop()` when done."""
+    return stratad.Daemon(store, env=env, state=state, args=(*EXTRA, *args))
 
 
 def bwrap(root, cmd, ro=False):

@@ -6,30 +6,10 @@ kernel slab memory per sandbox).
 usage: sudo benches/density.py [--create 1000] [--hold 10000]
 Needs the release build ($CARGO_TARGET_DIR/release/{strata,stratad}) and busybox-static.
 """
-import argparse, json, os, shutil, socket, subprocess, sys, tempfile, time
+import argparse, os, shutil, subprocess, sys, tempfile, time
 
-TARGET = os.environ.get("CARGO_TARGET_DIR", "/var/tmp/strata-target")
-STRATA = f"{TARGET}/release/strata"
-STRATAD = f"{TARGET}/release/stratad"
-
-
-def call(sock, method, path, body=None):
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(sock)
-    data = json.dumps(body) if body is not None else ""
-    s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n\r\n{data}".encode())
-    resp = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        resp += chunk
-    s.close()
-    head, _, body = resp.partition(b"\r\n\r\n")
-    status = int(head.split()[1])
-    if status >= 300:
-        raise RuntimeError(body.decode())
-    return json.loads(body) if body else None
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stratad import BIN, Daemon  # noqa: E402
 
 
 def meminfo(key):
@@ -56,29 +36,23 @@ def main():
     root = f"{work}/rootfs"
     os.makedirs(f"{root}/bin")
     shutil.copy("/bin/busybox", f"{root}/bin/busybox")
-    subprocess.run([STRATA, "--store", store, "build", root, "-t", "density:v1"], check=True,
+    subprocess.run([BIN["strata"], "--store", store, "build", root, "-t", "density:v1"], check=True,
                    stdout=subprocess.DEVNULL)
-    run = f"{work}/run"
-    d = subprocess.Popen([STRATAD, "--config", "/dev/null", "--store", store, "--state-dir", f"{work}/state",
-                          "--runtime-dir", run], stderr=subprocess.DEVNULL)
-    sock = f"{run}/stratad.sock"
+    d = Daemon(store, work=work, quiet=True)
+    call = d.call
     try:
-        for _ in range(200):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.05)
         rows = []
         # One sandbox held throughout keeps the layer mounted for the bare-overlay comparison.
-        call(sock, "POST", "/v1/sandboxes", {"image": "density:v1", "id": "keep"})
+        call("POST", "/v1/sandboxes", {"image": "density:v1", "id": "keep"})
         # Through the daemon.
         t = time.time()
         for i in range(a.create):
-            call(sock, "POST", "/v1/sandboxes", {"image": "density:v1", "id": f"c{i}"})
+            call("POST", "/v1/sandboxes", {"image": "density:v1", "id": f"c{i}"})
         dt = time.time() - t
         rows.append(("stratad: create sandbox (overlay + upper dir), sequential", a.create / dt))
-        layer = call(sock, "GET", "/v1/status")["layers"][0]["path"]
+        layer = call("GET", "/v1/status")["layers"][0]["path"]
         for i in range(a.create):
-            call(sock, "DELETE", f"/v1/sandboxes/c{i}")
+            call("DELETE", f"/v1/sandboxes/c{i}")
         # Bare overlay mounts of the same layer, same run.
         base = f"{work}/bare"
         t = time.time()
@@ -96,7 +70,7 @@ def main():
         slab0, rss0 = meminfo("Slab"), rss(d.pid)
         t = time.time()
         for i in range(a.hold):
-            call(sock, "POST", "/v1/sandboxes", {"image": "density:v1", "id": f"h{i}"})
+            call("POST", "/v1/sandboxes", {"image": "density:v1", "id": f"h{i}"})
         dt_hold = time.time() - t
         slab1, rss1 = meminfo("Slab"), rss(d.pid)
         print(f"| sandboxes created through stratad | {rows[0][1]:.0f}/s |")
@@ -105,10 +79,7 @@ def main():
         print(f"| {a.hold} sandboxes held: stratad RSS | {rss1 / 2**20:.1f} MiB (was {rss0 / 2**20:.1f} MiB) |")
         print(f"| {a.hold} sandboxes held: kernel slab per sandbox | {(slab1 - slab0) / a.hold / 1024:.1f} KiB |")
     finally:
-        d.terminate()
-        d.wait(timeout=600)
-        subprocess.run(["umount", "-R", "-l", work], stderr=subprocess.DEVNULL)
-        shutil.rmtree(work, ignore_errors=True)
+        d.stop()
 
 
 if __name__ == "__main__":

@@ -15,10 +15,8 @@ Needs the release build ($CARGO_TARGET_DIR/release/{strata,stratad,pack_diff}).
 import argparse, json, os, random, shutil, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from density import call  # noqa: E402
+from stratad import BIN, Daemon  # noqa: E402
 
-TARGET = os.environ.get("CARGO_TARGET_DIR", "/var/tmp/strata-target")
-BIN = {b: f"{TARGET}/release/{b}" for b in ("strata", "stratad", "pack_diff")}
 MiB = 1 << 20
 
 
@@ -108,26 +106,20 @@ def main():
     for tag, tree in (("venv:v1", venv), ("venv10:v1", f"{a.data}/venv10")):
         subprocess.run([BIN["strata"], "build", tree, "-t", tag], env=env, check=True,
                        stdout=subprocess.DEVNULL)
-    run = f"{work}/run"
-    sock = f"{run}/stratad.sock"
-    env["STRATA_SOCKET"] = sock
-    d = subprocess.Popen([BIN["stratad"], "--config", "/dev/null", "--store", store, "--state-dir",
-                          f"{work}/state", "--runtime-dir", run], stderr=subprocess.DEVNULL)
+    d = Daemon(store, work=work, quiet=True)
+    env["STRATA_SOCKET"] = d.sock
+    call = d.call
     rows = []
     try:
-        for _ in range(200):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.05)
         files = {"venv:v1": image_files(venv), "venv10:v1": ["c0/" + p for p in image_files(venv)]}
         cases = [("venv:v1", int(x)) for x in a.deltas.split(",")] + [("venv10:v1", 10)]
         for image, mib in cases:
             pd, tz, restore_cold, restore_warm, stored, upper_b, tar_b = [], [], [], [], [], [], []
             for r in range(a.runs):
                 sb = f"{image.split(':')[0]}-{mib}-{r}"
-                rootfs = call(sock, "POST", "/v1/sandboxes", {"image": image, "id": sb})["rootfs"]
+                rootfs = call("POST", "/v1/sandboxes", {"image": image, "id": sb})["rootfs"]
                 write_delta(rootfs, mib * MiB, r, files[image])
-                upper = call(sock, "GET", f"/v1/sandboxes/{sb}")["upper"]
+                upper = call("GET", f"/v1/sandboxes/{sb}")["upper"]
                 subprocess.run(["sync"])
                 upper_b.append(du(upper))
                 t = time.time()
@@ -143,11 +135,11 @@ def main():
                 os.unlink(tarf)
                 for i in range(4):
                     t = time.time()
-                    call(sock, "POST", "/v1/sandboxes", {"image": f"snap:{sb}", "id": f"{sb}-r{i}"})
+                    call("POST", "/v1/sandboxes", {"image": f"snap:{sb}", "id": f"{sb}-r{i}"})
                     (restore_cold if i == 0 else restore_warm).append(time.time() - t)
                 for i in range(4):
-                    call(sock, "DELETE", f"/v1/sandboxes/{sb}-r{i}")
-                call(sock, "DELETE", f"/v1/sandboxes/{sb}")
+                    call("DELETE", f"/v1/sandboxes/{sb}-r{i}")
+                call("DELETE", f"/v1/sandboxes/{sb}")
             med = statistics.median
             rows.append({
                 "image": image, "delta_mib": mib, "upper_bytes": med(upper_b),
@@ -171,10 +163,7 @@ def main():
         with open(out, "w") as f:
             f.write("\n".join(lines) + "\n\n" + "\n".join(json.dumps(x) for x in rows) + "\n")
     finally:
-        d.terminate()
-        d.wait(timeout=600)
-        subprocess.run(["umount", "-R", "-l", work], stderr=subprocess.DEVNULL)
-        shutil.rmtree(work, ignore_errors=True)
+        d.stop()
 
 
 if __name__ == "__main__":

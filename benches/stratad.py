@@ -1,0 +1,76 @@
+"""What the benchmarks share about stratad: the release binaries, a control-socket client, and a daemon
+started for one measurement in its own state and runtime directories and stopped with SIGTERM (then any
+mount left under its directory is detached and the directory removed)."""
+import json, os, shutil, signal, socket, subprocess, tempfile, time
+
+TARGET = os.environ.get("CARGO_TARGET_DIR", "/var/tmp/strata-target")
+BIN = {b: f"{TARGET}/release/{b}" for b in ("strata", "stratad", "pack_diff", "linkproxy")}
+BIN["stratad"] = os.environ.get("STRATAD", BIN["stratad"])
+
+
+def call(sock, method, path, body=None):
+    """One request to stratad's control socket; the JSON reply (RuntimeError on an error status)."""
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sock)
+    data = json.dumps(body) if body is not None else ""
+    s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n\r\n{data}".encode())
+    resp = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        resp += chunk
+    s.close()
+    head, _, body = resp.partition(b"\r\n\r\n")
+    status = int(head.split()[1])
+    if status >= 300:
+        raise RuntimeError(body.decode())
+    return json.loads(body) if body else None
+
+
+class Daemon:
+    """A fresh stratad on `store`: state and runtime directories under `work` (a new directory under
+    /var/tmp unless given; removed by `stop`), extra `args`, environment `env` over this one's."""
+
+    def __init__(self, store, work=None, env=None, state=None, args=(), quiet=False):
+        self.work = work or tempfile.mkdtemp(prefix="strata-bench-", dir="/var/tmp")
+        self.state = state or f"{self.work}/state"
+        self.run = f"{self.work}/run"
+        self.sock = f"{self.run}/stratad.sock"
+        e = {**os.environ, "STRATA_LOG": "warn", **(env or {})}
+        self.p = subprocess.Popen([BIN["stratad"], "--config", "/dev/null", "--store", store, "--state-dir",
+                                   self.state, "--runtime-dir", self.run, *args], env=e,
+                                  stderr=subprocess.DEVNULL if quiet else None)
+        for _ in range(600):
+            if os.path.exists(self.sock):
+                return
+            if self.p.poll() is not None:
+                raise RuntimeError("stratad exited")
+            time.sleep(0.02)
+        raise RuntimeError("stratad did not start")
+
+    @property
+    def pid(self):
+        return self.p.pid
+
+    def call(self, method, path, body=None):
+        return call(self.sock, method, path, body)
+
+    def mount(self, image, sid):
+        return self.call("POST", "/v1/sandboxes", {"image": image, "id": sid})
+
+    def sandbox(self, sid):
+        return self.call("GET", f"/v1/sandboxes/{sid}")
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        try:
+            self.p.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        for line in reversed(open("/proc/self/mountinfo").read().splitlines()):
+            mp = line.split()[4]
+            if mp.startswith(self.work):
+                subprocess.run(["umount", "-l", mp], stderr=subprocess.DEVNULL)
+        shutil.rmtree(self.work, ignore_errors=True)
