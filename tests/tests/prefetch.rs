@@ -176,6 +176,8 @@ fn a_plan_recorded_by_one_node_warms_the_next() {
         wait_status(&d, "recording did not start", |s| {
             s["recording_plan"].is_string()
         });
+        let ps = d.ok(&["ps"]);
+        assert!(ps.contains("recording a prefetch plan"), "{ps}");
         assert_eq!(
             std::fs::read(Path::new(&rootfs).join("data/a.bin")).expect("a"),
             a
@@ -215,6 +217,8 @@ fn warmed_node(store: &StoreEnv, tag: &str) -> (Daemon, String, serde_json::Valu
         .and_then(|m| m.values().next())
         .expect("one image")
         .clone();
+    let ps = d.ok(&["ps"]);
+    assert!(ps.contains("chunks planned") && ps.contains("done"), "{ps}");
     (d, rootfs, w)
 }
 

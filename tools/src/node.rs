@@ -79,6 +79,27 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
         human(cache["capacity"].as_u64().unwrap_or(0)),
         cache["chunks"].as_u64().unwrap_or(0)
     );
+    for (image, w) in status["prefetch"].as_object().into_iter().flatten() {
+        let n = |k: &str| w[k].as_u64().unwrap_or(0);
+        println!(
+            "prefetch {image}: {} chunks planned, {} fetched ({}){}{}",
+            n("planned"),
+            n("fetched"),
+            human(n("bytes")),
+            match n("errors") {
+                0 => String::new(),
+                e => format!(", {e} errors"),
+            },
+            if w["done"].as_bool() == Some(true) {
+                ", done"
+            } else {
+                ""
+            }
+        );
+    }
+    if let Some(image) = status["recording_plan"].as_str() {
+        println!("recording a prefetch plan for {image}");
+    }
     Ok(())
 }
 
