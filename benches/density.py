@@ -3,7 +3,7 @@
 overlay mounts of the same layer measured in the same run; then N sandboxes held at once (daemon RSS and
 kernel slab memory per sandbox).
 
-usage: sudo benches/density.py [--create 1000] [--hold 10000]
+usage: sudo benches/density.py [--create 1000] [--hold 10000] [--dir /var/tmp]
 Needs the release build ($CARGO_TARGET_DIR/release/{strata,stratad}) and busybox-static.
 """
 import argparse, os, shutil, subprocess, sys, tempfile, time
@@ -30,8 +30,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--create", type=int, default=1000)
     ap.add_argument("--hold", type=int, default=10000)
+    ap.add_argument("--dir", default="/var/tmp", help="where the store, state and sandboxes go (a disk filesystem)")
     a = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="strata-density-", dir="/var/tmp")
+    work = tempfile.mkdtemp(prefix="strata-density-", dir=a.dir)
     store = f"file://{work}/store"
     root = f"{work}/rootfs"
     os.makedirs(f"{root}/bin")
