@@ -6,7 +6,8 @@
 //! of a file per chunk afterwards), and a read then costs no `open`. Each segment has an index file
 //! (`seg-<n>.idx`) of fixed-size records appended after the chunk's bytes are written: *put* (digest,
 //! offset, length) and *drop* (the same, when the chunk is evicted). The index in memory (where each chunk
-//! is, its size, recency, pins) is rebuilt from those records when the daemon starts.
+//! is, its size, recency, pins) is rebuilt from those records when the daemon starts, recency then being
+//! the order the chunks were written in.
 //!
 //! **Only verified bytes.** A chunk is inserted only after the caller verified it, and becomes visible
 //! only once its bytes are written. Chunks found at start are re-verified on their first read, so a torn,
@@ -228,6 +229,9 @@ impl ChunkCache {
                 continue;
             };
             let mut n = 0;
+            // Recency after a restart: in the order chunks were written, older segments first.
+            let mut live: Vec<_> = live.into_iter().collect();
+            live.sort_unstable_by_key(|(_, (offset, _))| *offset);
             for (d, (offset, size)) in live {
                 if st.entries.contains_key(&d) {
                     continue;
