@@ -362,16 +362,19 @@ impl ChunkCache {
         if st.used <= target {
             return;
         }
-        let victims: Vec<Digest> = st
-            .lru
-            .values()
-            .filter(|d| st.entries.get(d).is_some_and(|e| e.pins == 0))
-            .copied()
-            .collect();
-        for d in victims {
-            if st.used <= target {
+        // Oldest first, only as many as free the excess: a full cache evicts on every insert.
+        let mut excess = st.used - target;
+        let mut victims = Vec::new();
+        for d in st.lru.values() {
+            if excess == 0 {
                 break;
             }
+            if let Some(e) = st.entries.get(d).filter(|e| e.pins == 0) {
+                excess = excess.saturating_sub(e.size);
+                victims.push(*d);
+            }
+        }
+        for d in victims {
             self.forget(st, &d);
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
         }

@@ -203,22 +203,6 @@ pub struct Daemon {
     warming: Warming,
 }
 
-/// Raises the open-file limit to its hard limit: the chunk cache keeps two descriptors per segment
-/// (a 1 TB cache has 4,000 segments) and every sandbox's mounts and connections take more.
-fn raise_fd_limit() {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a pointer to a local struct that outlives the calls.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
-            r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        }
-    }
-}
-
 fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 128
@@ -242,7 +226,6 @@ impl Daemon {
             std::fs::create_dir_all(&d).map_err(|e| io(&d, e))?;
         }
         cleanup_mounts(&config.runtime_dir);
-        raise_fd_limit();
         let mut store = Store::open(&config.store)?;
         let deadline = Duration::from_secs_f64(config.read_timeout_secs.max(0.1));
         store.range_deadline = deadline;

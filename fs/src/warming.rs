@@ -280,22 +280,14 @@ fn store_recorded(
     for l in &manifest.layers {
         blobs.extend(store.get_layer(&l.digest)?.blobs.iter().map(|b| b.digest));
     }
-    let entries: Vec<PlanEntry> = entries
-        .into_iter()
-        .filter(|e| blobs.contains(&e.blob))
-        .collect();
-    if entries.is_empty() || Plan::get(store, &m)?.is_some() {
+    let command = format!(
+        "(recorded by stratad: the first {} s of a sandbox)",
+        window.as_secs_f64()
+    );
+    let plan = Plan::recorded(m, vec![command], entries, &blobs);
+    if plan.entries.is_empty() || Plan::get(store, &m)?.is_some() {
         return Ok(None);
     }
-    let plan = Plan {
-        schema: strata_prefetch::plan::PLAN_SCHEMA,
-        manifest: m,
-        command: vec![format!(
-            "(recorded by stratad: the first {} s of a sandbox)",
-            window.as_secs_f64()
-        )],
-        entries,
-    };
     let n = plan.entries.len();
     Ok(Some((plan.put(store)?, n)))
 }

@@ -36,6 +36,25 @@ pub enum PlanError {
 }
 
 impl Plan {
+    /// The plan of image `manifest` from recorded `entries`, keeping only chunks of `blobs` (the image's
+    /// own blobs: a recorder sees every read on the node).
+    pub fn recorded(
+        manifest: Digest,
+        command: Vec<String>,
+        entries: Vec<PlanEntry>,
+        blobs: &std::collections::HashSet<Digest>,
+    ) -> Plan {
+        Plan {
+            schema: PLAN_SCHEMA,
+            manifest,
+            command,
+            entries: entries
+                .into_iter()
+                .filter(|e| blobs.contains(&e.blob))
+                .collect(),
+        }
+    }
+
     /// Stores the plan and points its image at it; returns the plan's digest.
     pub fn put(&self, store: &Store) -> Result<Digest, PlanError> {
         let bytes = serde_json::to_vec(self).map_err(|e| PlanError::Malformed {

@@ -361,20 +361,19 @@ fn bad_input_is_named_and_nothing_half_written_is_referenced() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("nope"), "{o:?}");
 
+    // `strata pack-diff --upper DIR --image bad:v1 -t TAG [EXTRA]`.
+    let pack_upper = |dir: &str, tag: &str, extra: &[&str]| {
+        let mut args = vec!["pack-diff", "--upper", dir, "--image", "bad:v1", "-t", tag];
+        args.extend_from_slice(extra);
+        d.strata(&args)
+    };
+
     // An upper directory made over another image: it deletes a path this image does not have.
     let upper = scratch("upper");
     mknod(&upper.path().join("not-in-this-image"), libc::S_IFCHR, 0, 0);
     std::fs::write(upper.path().join("file"), b"x").expect("write");
     let up = upper.path().to_str().expect("utf8");
-    let o = d.strata(&[
-        "pack-diff",
-        "--upper",
-        up,
-        "--image",
-        "bad:v1",
-        "-t",
-        "bad:x",
-    ]);
+    let o = pack_upper(up, "bad:x", &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
@@ -383,29 +382,13 @@ fn bad_input_is_named_and_nothing_half_written_is_referenced() {
     );
 
     // A missing upper directory; an upper of a mount with metacopy.
-    let o = d.strata(&[
-        "pack-diff",
-        "--upper",
-        "/nonexistent/up",
-        "--image",
-        "bad:v1",
-        "-t",
-        "bad:x",
-    ]);
+    let o = pack_upper("/nonexistent/up", "bad:x", &[]);
     assert_eq!(o.status.code(), Some(3), "{o:?}");
     let meta = scratch("upper-meta");
     std::fs::write(meta.path().join("f"), b"").expect("write");
     xattr::set(meta.path().join("f"), "trusted.overlay.metacopy", b"").expect("xattr");
     let mp = meta.path().to_str().expect("utf8");
-    let o = d.strata(&[
-        "pack-diff",
-        "--upper",
-        mp,
-        "--image",
-        "bad:v1",
-        "-t",
-        "bad:x",
-    ]);
+    let o = pack_upper(mp, "bad:x", &[]);
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("metacopy"),
         "{o:?}"
@@ -416,31 +399,15 @@ fn bad_input_is_named_and_nothing_half_written_is_referenced() {
     let good = scratch("upper-good");
     std::fs::write(good.path().join("new"), b"new").expect("write");
     let gp = good.path().to_str().expect("utf8");
-    let o = d.strata(&[
-        "pack-diff",
-        "--upper",
-        gp,
-        "--image",
-        "bad:v1",
-        "-t",
-        "bad:v1",
-    ]);
+    let o = pack_upper(gp, "bad:v1", &[]);
     assert_eq!(o.status.code(), Some(4), "{o:?}");
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("--force"),
         "{o:?}"
     );
     assert_eq!(tags(), before);
-    d.ok(&[
-        "pack-diff",
-        "--upper",
-        gp,
-        "--image",
-        "bad:v1",
-        "-t",
-        "bad:v1",
-        "--force",
-    ]);
+    let o = pack_upper(gp, "bad:v1", &["--force"]);
+    assert!(o.status.success(), "{o:?}");
     assert_ne!(tags(), before);
     assert_eq!(d.ok(&["cat", "bad:v1", "/new"]), "new");
 }

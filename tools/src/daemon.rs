@@ -130,6 +130,22 @@ fn load(args: &Args) -> Result<Config> {
     Ok(c)
 }
 
+/// Raises the open-file limit to its hard limit: the chunk cache keeps two descriptors per segment
+/// (a 1 TB cache has 4,000 segments) and every sandbox's mounts and connections take more.
+fn raise_fd_limit() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a pointer to a local struct that outlives the calls.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
 /// Blocks SIGTERM and SIGINT in every thread; returns once one arrives.
 fn block_signals() -> libc::sigset_t {
     // SAFETY: plain signal-mask calls on a zeroed, initialized sigset.
@@ -168,6 +184,7 @@ fn run() -> Result<()> {
     }
     let config = load(&args)?;
     let set = block_signals();
+    raise_fd_limit();
     let daemon = Daemon::start(config.clone()).context("starting stratad")?;
     let socket = config.runtime_dir.join("stratad.sock");
     let d2: Arc<Daemon> = daemon.clone();

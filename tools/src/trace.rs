@@ -146,16 +146,7 @@ pub fn trace(store: &Store, socket: &Path, a: TraceArgs) -> Result<()> {
     let entries = guard.stop()?;
     removed?;
     let code = code?;
-    let entries: Vec<PlanEntry> = entries
-        .into_iter()
-        .filter(|e| blobs.contains(&e.blob))
-        .collect();
-    let plan = Plan {
-        schema: strata_prefetch::plan::PLAN_SCHEMA,
-        manifest: digest,
-        command: a.command.clone(),
-        entries,
-    };
+    let plan = Plan::recorded(digest, a.command.clone(), entries, &blobs);
     let bytes: u64 = plan_bytes(store, &layers, &plan)?;
     let plan_digest = plan.put(store)?;
     if a.json {
