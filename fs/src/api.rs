@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::daemon::{Daemon, DaemonError};
+use crate::sandboxes::Reuse;
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 1 << 20;
@@ -60,6 +61,7 @@ fn respond(stream: &mut UnixStream, status: u16, content_type: &str, body: &[u8]
     let reason = match status {
         200 => "OK",
         201 => "Created",
+        202 => "Accepted",
         400 => "Bad Request",
         404 => "Not Found",
         409 => "Conflict",
@@ -84,22 +86,44 @@ fn sandbox_json(d: &Daemon, s: &crate::daemon::Sandbox) -> Value {
     v
 }
 
-fn handle(d: &Daemon, req: Request) -> (u16, &'static str, Vec<u8>) {
+fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8>) {
     let json_reply =
         |(status, v): (u16, Value)| (status, "application/json", v.to_string().into_bytes());
     let path = req.path.split('?').next().unwrap_or("");
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let query = req.path.split_once('?').map_or("", |(_, q)| q);
-    let purge = query
-        .split('&')
-        .any(|kv| matches!(kv, "purge" | "purge=1" | "purge=true"));
+    let flag = |name: &str| {
+        query.split('&').any(|kv| {
+            kv == name
+                || kv
+                    .strip_prefix(name)
+                    .is_some_and(|v| v == "=1" || v == "=true")
+        })
+    };
+    let (purge, force) = (flag("purge"), flag("force"));
     match (req.method.as_str(), segs.as_slice()) {
         ("GET", ["metrics"]) => (
             200,
             "text/plain; version=0.0.4",
             d.render_metrics().into_bytes(),
         ),
-        ("GET", ["v1", "status"]) => json_reply((200, d.status())),
+        ("GET", ["v1", "status"]) => {
+            let mut v = d.status();
+            if let (Some(v), Some(extra)) = (v.as_object_mut(), hooks.status.as_object()) {
+                v.extend(extra.clone());
+            }
+            json_reply((200, v))
+        }
+        ("POST", ["v1", "upgrade"]) => json_reply(match &hooks.upgrade {
+            None => (
+                409,
+                json!({"error": "this stratad runs without a descriptor holder (--no-holder): it cannot be upgraded in place"}),
+            ),
+            Some(up) => match up() {
+                Ok(()) => (202, json!({"pid": std::process::id(), "upgrading": true})),
+                Err(e) => (500, json!({"error": format!("starting the upgrade: {e}")})),
+            },
+        }),
         ("GET", ["v1", "sandboxes"]) => {
             let v: Vec<Value> = d.sandboxes().iter().map(|s| sandbox_json(d, s)).collect();
             json_reply((200, json!(v)))
@@ -117,7 +141,19 @@ fn handle(d: &Daemon, req: Request) -> (u16, &'static str, Vec<u8>) {
                 return json_reply((400, json!({"error": "need \"image\" and \"id\""})));
             };
             let dir = body["dir"].as_str().map(PathBuf::from);
-            json_reply(match d.create_sandbox(image, id, dir.as_deref()) {
+            let reuse = match body.get("reuse") {
+                None | Some(Value::Null) => Reuse::Refuse,
+                Some(v) => match serde_json::from_value::<Reuse>(v.clone()) {
+                    Ok(r) => r,
+                    Err(_) => {
+                        return json_reply((
+                            400,
+                            json!({"error": "\"reuse\" must be \"refuse\", \"resume\" or \"fresh\""}),
+                        ))
+                    }
+                },
+            };
+            json_reply(match d.create_sandbox(image, id, dir.as_deref(), reuse) {
                 Ok(s) => (201, sandbox_json(d, &s)),
                 Err(e) => error_json(&e),
             })
@@ -129,7 +165,7 @@ fn handle(d: &Daemon, req: Request) -> (u16, &'static str, Vec<u8>) {
         ("POST", ["v1", "trace", "stop"]) => json_reply((200, json!({"entries": d.trace_stop()}))),
         ("DELETE", ["v1", "sandboxes", id]) => {
             let removed = match purge {
-                true => d.purge_sandbox(id),
+                true => d.purge_sandbox(id, force),
                 false => d.remove_sandbox(id),
             };
             json_reply(match removed {
@@ -144,8 +180,8 @@ fn handle(d: &Daemon, req: Request) -> (u16, &'static str, Vec<u8>) {
     }
 }
 
-/// Serves the API on `socket` until the process exits.
-pub fn serve(d: Arc<Daemon>, socket: &Path, group: Option<u32>) -> std::io::Result<()> {
+/// Binds the control socket (root's only, or the group's): done by whoever holds it across servers.
+pub fn bind(socket: &Path, group: Option<u32>) -> std::io::Result<UnixListener> {
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket)?;
     let mode = if group.is_some() { 0o660 } else { 0o600 };
@@ -153,14 +189,41 @@ pub fn serve(d: Arc<Daemon>, socket: &Path, group: Option<u32>) -> std::io::Resu
     if let Some(g) = group {
         std::os::unix::fs::chown(socket, Some(0), Some(g))?;
     }
+    Ok(listener)
+}
+
+/// Asks whoever runs this server for an in-place upgrade (`POST /v1/upgrade`).
+pub type UpgradeHook = Box<dyn Fn() -> std::io::Result<()> + Send + Sync>;
+
+/// What the process around the daemon adds to the API.
+#[derive(Default)]
+pub struct Hooks {
+    /// Starts an upgrade; `None`: this server cannot be replaced in place.
+    pub upgrade: Option<UpgradeHook>,
+    /// Merged into `GET /v1/status` (e.g. the descriptor holder's pid).
+    pub status: Value,
+}
+
+/// Serves the API on `socket` until the process exits.
+pub fn serve(d: Arc<Daemon>, socket: &Path, group: Option<u32>) -> std::io::Result<()> {
+    serve_listener(d, bind(socket, group)?, Arc::new(Hooks::default()))
+}
+
+/// Serves the API on a bound listener (possibly inherited: connections made while no server ran wait
+/// in its backlog) until the process exits.
+pub fn serve_listener(
+    d: Arc<Daemon>,
+    listener: UnixListener,
+    hooks: Arc<Hooks>,
+) -> std::io::Result<()> {
     for conn in listener.incoming() {
         let Ok(mut stream) = conn else { continue };
-        let d = d.clone();
+        let (d, hooks) = (d.clone(), hooks.clone());
         std::thread::spawn(move || {
             let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
             match read_request(&mut stream) {
                 Ok(req) => {
-                    let (status, ct, body) = handle(&d, req);
+                    let (status, ct, body) = handle(&d, &hooks, req);
                     respond(&mut stream, status, ct, &body);
                 }
                 Err(e) => respond(&mut stream, 400, "text/plain", e.to_string().as_bytes()),

@@ -7,71 +7,79 @@
 //! Kernel EROFS mounts each layer file-backed with these files as its `device=`s, so the kernel parses all
 //! metadata itself and only data reads reach this process: a read at an offset becomes chunk lookups in
 //! the blob's table of contents, served from the chunk cache or fetched (see [`crate::fetch`]). Bytes
-//! between a chunk's end and the next 4 KiB block are zeros. This is the only module that speaks FUSE and
-//! the one place that maps errors to errno: every failure is `EIO`, and it comes within the fetcher's
-//! deadline. Access is the mounting user's (root) only unless a group is allowed.
+//! between a chunk's end and the next 4 KiB block are zeros. This is the one place that maps errors to
+//! errno: every failure to serve data is `EIO`, and it comes within the read deadline. Access is the
+//! mounting user's (root) only unless a group is allowed.
 //!
-//! Each FUSE worker thread reads into one reused buffer (no allocation or zeroing per request) and the
-//! reply goes out from it. A read that moves sequentially into the next chunk of a blob asks the cache
-//! to read the following chunks ahead ([`Fetcher::read_ahead`]): a blob's chunks need not be neighbours
-//! in the cache's files, so the kernel's readahead of those files alone may keep one small read in
-//! flight at a time (measured with a file per chunk: a 1 GiB blob read in 1.0–1.3 s one chunk after
-//! another, 0.66–0.71 s with eight in flight).
+//! **Node ids survive the server.** A blob file's node id is derived from its digest (its first eight
+//! bytes, top bit set), not handed out in order: a successor serving the same FUSE connection (see
+//! [`crate::fuse`]) gives every blob the id the kernel already knows, whatever order it registers them
+//! in. Attributes are fixed too (times are the epoch), so nothing the kernel cached goes stale.
+//!
+//! **Reads never wait on the network on a FUSE worker.** A worker answers a read itself when every chunk
+//! it needs is cached (into one reused buffer per worker thread); otherwise the read goes to
+//! [`crate::slowread`], which fetches on threads bounded per blob and answers by the deadline. A read
+//! that moves sequentially into the next chunk of a blob asks the cache to read the following chunks
+//! ahead ([`Fetcher::read_ahead`]): a blob's chunks need not be neighbours in the cache's files.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::OsStr;
-use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData,
-    ReplyDirectory, ReplyEntry, ReplyOpen, Request, SessionACL,
-};
+use rustix::io::Errno;
 use strata_registry::digest::Digest;
 use strata_registry::toc::BLOCK_SIZE;
 
 use crate::fetch::{BlobHandle, FetchError, Fetcher};
+use crate::fuse::proto::{self, Attr};
+use crate::fuse::session::{Filesystem, Reply};
 use crate::metrics::Metrics;
+use crate::slowread::SlowReads;
 
-const ROOT: u64 = 1;
+const ROOT: u64 = proto::ROOT_ID;
 const BLOBS_DIR: u64 = 2;
-const FIRST_BLOB: u64 = 3;
-const TTL: Duration = Duration::from_secs(3600);
+
+/// The node id of the blob file with digest `d`: stable across servers (never 1 or 2).
+pub fn blob_ino(d: &Digest) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d.0[..8]);
+    u64::from_le_bytes(b) | (1 << 63)
+}
+
+/// Two blobs whose digests share the 63 bits a node id keeps (never seen; refused rather than served).
+#[derive(Debug, thiserror::Error)]
+#[error("blobs {0} and {1} would share a FUSE node id")]
+pub struct InoCollision(pub Digest, pub Digest);
 
 /// The blobs served, shared between the FUSE threads and the daemon that registers them.
 #[derive(Default)]
 pub struct BlobTable {
-    inner: RwLock<Table>,
+    inner: RwLock<HashMap<u64, Arc<BlobHandle>>>,
     /// Notified when a blob is added (see [`BlobTable::wait_for`]).
     added: (Mutex<()>, Condvar),
     /// Records the chunks reads touch while a prefetch trace runs.
     pub trace: strata_prefetch::Recorder,
 }
 
-#[derive(Default)]
-struct Table {
-    blobs: Vec<Arc<BlobHandle>>,
-    by_digest: HashMap<Digest, u64>,
-}
-
 impl BlobTable {
     /// Serves a blob (idempotent); returns its file name under `blobs/`.
-    pub fn add(&self, h: BlobHandle) -> String {
-        let mut t = self.inner.write().unwrap_or_else(|p| p.into_inner());
+    pub fn add(&self, h: BlobHandle) -> Result<String, InoCollision> {
         let d = h.blob.digest;
-        if !t.by_digest.contains_key(&d) {
-            let ino = FIRST_BLOB + t.blobs.len() as u64;
-            t.blobs.push(Arc::new(h));
-            t.by_digest.insert(d, ino);
+        let mut t = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        match t.get(&blob_ino(&d)) {
+            Some(other) if other.blob.digest != d => {
+                return Err(InoCollision(other.blob.digest, d));
+            }
+            Some(_) => {}
+            None => {
+                t.insert(blob_ino(&d), Arc::new(h));
+            }
         }
         drop(t);
         let _g = self.added.0.lock().unwrap_or_else(|p| p.into_inner());
         self.added.1.notify_all();
-        d.hex()
+        Ok(d.hex())
     }
 
     /// Waits until every blob of `ds` is served; `false` if that has not happened within `timeout`.
@@ -97,117 +105,48 @@ impl BlobTable {
 
     /// The served blob with digest `d`.
     pub fn handle(&self, d: &Digest) -> Option<Arc<BlobHandle>> {
-        let t = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        let ino = *t.by_digest.get(d)?;
-        t.blobs.get((ino - FIRST_BLOB) as usize).cloned()
+        self.get(blob_ino(d)).filter(|h| h.blob.digest == *d)
     }
 
     /// True if the blob is served.
     pub fn contains(&self, d: &Digest) -> bool {
-        let t = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        t.by_digest.contains_key(d)
+        self.handle(d).is_some()
     }
 
     fn get(&self, ino: u64) -> Option<Arc<BlobHandle>> {
         let t = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        ino.checked_sub(FIRST_BLOB)
-            .and_then(|i| t.blobs.get(i as usize).cloned())
+        t.get(&ino).cloned()
     }
 
-    fn by_name(&self, name: &OsStr) -> Option<(u64, Arc<BlobHandle>)> {
-        let d = Digest::from_hex(name.to_str()?).ok()?;
-        let t = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        let ino = *t.by_digest.get(&d)?;
-        Some((ino, t.blobs[(ino - FIRST_BLOB) as usize].clone()))
+    fn by_name(&self, name: &[u8]) -> Option<Arc<BlobHandle>> {
+        let d = Digest::from_hex(std::str::from_utf8(name).ok()?).ok()?;
+        self.handle(&d)
     }
 
-    fn all(&self) -> Vec<(u64, Arc<BlobHandle>)> {
+    fn all(&self) -> Vec<Arc<BlobHandle>> {
         let t = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        t.blobs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| (FIRST_BLOB + i as u64, b.clone()))
-            .collect()
+        let mut v: Vec<_> = t.values().cloned().collect();
+        v.sort_by_key(|b| b.blob.digest);
+        v
     }
 }
 
-/// The FUSE filesystem.
-pub struct BlobFs {
+/// Reads a blob's view: shared by the FUSE workers (cached data) and the slow-read threads.
+struct View {
     table: Arc<BlobTable>,
     fetcher: Arc<Fetcher>,
-    metrics: Arc<Metrics>,
-    started: SystemTime,
-    /// Group allowed to read (besides root), if any.
-    gid: u32,
-    perm_file: u16,
-    perm_dir: u16,
 }
 
-fn errno(e: &FetchError) -> Errno {
-    tracing::warn!(error = %e, "read failed");
-    Errno::EIO
-}
-
-impl BlobFs {
-    /// A filesystem serving `table` through `fetcher`; `group` may read besides root.
-    pub fn new(
-        table: Arc<BlobTable>,
-        fetcher: Arc<Fetcher>,
-        metrics: Arc<Metrics>,
-        group: Option<u32>,
-    ) -> BlobFs {
-        BlobFs {
-            table,
-            fetcher,
-            metrics,
-            started: SystemTime::now(),
-            gid: group.unwrap_or(0),
-            perm_file: if group.is_some() { 0o440 } else { 0o400 },
-            perm_dir: if group.is_some() { 0o550 } else { 0o500 },
-        }
-    }
-
-    fn attr(&self, ino: u64, size: u64, dir: bool) -> FileAttr {
-        FileAttr {
-            ino: INodeNo(ino),
-            size,
-            blocks: size.div_ceil(512),
-            atime: self.started,
-            mtime: self.started,
-            ctime: self.started,
-            crtime: self.started,
-            kind: if dir {
-                FileType::Directory
-            } else {
-                FileType::RegularFile
-            },
-            perm: if dir { self.perm_dir } else { self.perm_file },
-            nlink: if dir { 2 } else { 1 },
-            uid: 0,
-            gid: self.gid,
-            rdev: 0,
-            blksize: 1 << 20,
-            flags: 0,
-        }
-    }
-
-    fn attr_of(&self, ino: u64) -> Option<FileAttr> {
-        match ino {
-            ROOT | BLOBS_DIR => Some(self.attr(ino, 0, true)),
-            _ => self
-                .table
-                .get(ino)
-                .map(|b| self.attr(ino, b.toc.view_size(), false)),
-        }
-    }
-
-    /// Fills `buf` from the blob's view at `offset` (zeros where no chunk lies).
-    fn read_view(
+impl View {
+    /// Fills `buf` from the blob's view at `offset` (zeros where no chunk lies). With `cached_only`,
+    /// returns `Ok(false)` as soon as a chunk is not in the cache (nothing is fetched).
+    fn read(
         &self,
         blob: &Arc<BlobHandle>,
         offset: u64,
         buf: &mut [u8],
-    ) -> Result<(), FetchError> {
+        cached_only: bool,
+    ) -> Result<bool, FetchError> {
         let mut pos = 0usize;
         while pos < buf.len() {
             let at = offset + pos as u64;
@@ -231,73 +170,128 @@ impl BlobFs {
                 continue;
             }
             let n = ((c.len as u64 - within) as usize).min(buf.len() - pos);
+            let bytes = match cached_only {
+                true => match self.fetcher.cached(blob, i)? {
+                    Some(b) => b,
+                    None => return Ok(false),
+                },
+                false => self.fetcher.chunk(blob, i)?,
+            };
             self.table.trace.record(&blob.blob.digest, i as u32);
-            let bytes = self.fetcher.chunk(blob, i)?;
             self.fetcher.read_ahead(blob, i);
             bytes.read_at(&mut buf[pos..pos + n], within)?;
             pos += n;
         }
-        Ok(())
+        Ok(true)
+    }
+}
+
+/// The FUSE filesystem.
+pub struct BlobFs {
+    view: Arc<View>,
+    metrics: Arc<Metrics>,
+    slow: SlowReads,
+    /// Group allowed to read (besides root), if any.
+    gid: u32,
+    perm_file: u32,
+    perm_dir: u32,
+}
+
+/// The one errno map: data that cannot be served is an I/O error (logged with its cause).
+fn errno(e: &FetchError, metrics: &Metrics) -> Errno {
+    metrics.error(e.kind());
+    tracing::warn!(error = %e, "read failed");
+    Errno::IO
+}
+
+/// Threads fetching for one blob at a time (each serves the blob's waiting reads one after another).
+pub const READS_PER_BLOB: usize = 16;
+
+impl BlobFs {
+    /// A filesystem serving `table` through `fetcher`; `group` may read besides root. Reads that must
+    /// fetch are answered within the fetcher's deadline.
+    pub fn new(
+        table: Arc<BlobTable>,
+        fetcher: Arc<Fetcher>,
+        metrics: Arc<Metrics>,
+        group: Option<u32>,
+    ) -> std::io::Result<BlobFs> {
+        let m = metrics.clone();
+        let slow = SlowReads::new(
+            READS_PER_BLOB,
+            fetcher.deadline,
+            Box::new(move || m.error("timeout")),
+        )?;
+        Ok(BlobFs {
+            view: Arc::new(View { table, fetcher }),
+            metrics,
+            slow,
+            gid: group.unwrap_or(0),
+            perm_file: if group.is_some() { 0o440 } else { 0o400 },
+            perm_dir: if group.is_some() { 0o550 } else { 0o500 },
+        })
+    }
+
+    fn attr(&self, ino: u64, size: u64, dir: bool) -> Attr {
+        Attr {
+            ino,
+            size,
+            blocks: size.div_ceil(512),
+            mode: match dir {
+                true => proto::S_IFDIR | self.perm_dir,
+                false => proto::S_IFREG | self.perm_file,
+            },
+            nlink: if dir { 2 } else { 1 },
+            uid: 0,
+            gid: self.gid,
+            blksize: 1 << 20,
+            ..Default::default()
+        }
+    }
+
+    fn served(&self, n: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.metrics.reads.fetch_add(1, Relaxed);
+        self.metrics.read_bytes.fetch_add(n as u64, Relaxed);
     }
 }
 
 impl Filesystem for BlobFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.set_max_readahead(1 << 20);
-        // EROFS reads its devices with direct I/O from its readahead; without asynchronous direct I/O
-        // the kernel waits for each FUSE reply before it sends the next request, one at a time.
-        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
-        Ok(())
-    }
-
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match (parent.0, name.to_str()) {
-            (ROOT, Some("blobs")) => {
-                reply.entry(&TTL, &self.attr(BLOBS_DIR, 0, true), Generation(0))
-            }
-            (BLOBS_DIR, _) => match self.table.by_name(name) {
-                Some((ino, b)) => reply.entry(
-                    &TTL,
-                    &self.attr(ino, b.toc.view_size(), false),
-                    Generation(0),
-                ),
-                None => reply.error(Errno::ENOENT),
+    fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, Errno> {
+        match (parent, name) {
+            (ROOT, b"blobs") => Ok(self.attr(BLOBS_DIR, 0, true)),
+            (BLOBS_DIR, _) => match self.view.table.by_name(name) {
+                Some(b) => Ok(self.attr(blob_ino(&b.blob.digest), b.toc.view_size(), false)),
+                None => Err(Errno::NOENT),
             },
-            _ => reply.error(Errno::ENOENT),
+            _ => Err(Errno::NOENT),
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.attr_of(ino.0) {
-            Some(a) => reply.attr(&TTL, &a),
-            None => reply.error(Errno::ENOENT),
+    fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
+        match ino {
+            ROOT | BLOBS_DIR => Ok(self.attr(ino, 0, true)),
+            _ => match self.view.table.get(ino) {
+                Some(b) => Ok(self.attr(ino, b.toc.view_size(), false)),
+                None => Err(Errno::NOENT),
+            },
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if self.table.get(ino.0).is_none() {
-            return reply.error(Errno::ENOENT);
+    fn open(&self, ino: u64, flags: u32) -> Result<u32, Errno> {
+        if self.view.table.get(ino).is_none() {
+            return Err(Errno::NOENT);
         }
-        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
-            return reply.error(Errno::EROFS);
+        if flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32 {
+            return Err(Errno::ROFS);
         }
         // Blob views never change: the kernel may keep their pages across opens.
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+        Ok(proto::FOPEN_KEEP_CACHE)
     }
 
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        let Some(blob) = self.table.get(ino.0) else {
-            return reply.error(Errno::ENOENT);
+    fn read(&self, ino: u64, offset: u64, size: u32, reply: Reply) {
+        let Some(blob) = self.view.table.get(ino) else {
+            return reply.error(Errno::NOENT);
         };
         let end = blob.toc.view_size();
         if offset >= end {
@@ -307,84 +301,64 @@ impl Filesystem for BlobFs {
         thread_local! {
             static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
         }
-        BUF.with_borrow_mut(|buf| {
+        let reply = BUF.with_borrow_mut(|buf| {
             if buf.len() < n {
                 buf.resize(n, 0);
             }
             let buf = &mut buf[..n];
-            match self.read_view(&blob, offset, buf) {
-                Ok(()) => {
-                    self.metrics.reads.fetch_add(1, Ordering::Relaxed);
-                    self.metrics
-                        .read_bytes
-                        .fetch_add(n as u64, Ordering::Relaxed);
-                    reply.data(buf)
+            match self.view.read(&blob, offset, buf, true) {
+                Ok(true) => {
+                    self.served(n);
+                    reply.data(&[buf]);
+                    None
                 }
+                Ok(false) => Some(reply),
                 Err(e) => {
-                    self.metrics.error(e.kind());
-                    reply.error(errno(&e))
+                    reply.error(errno(&e, &self.metrics));
+                    None
                 }
             }
-        })
-    }
-
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let mut entries: Vec<(u64, FileType, String)> = vec![
-            (ino.0, FileType::Directory, ".".into()),
-            (ROOT, FileType::Directory, "..".into()),
-        ];
-        match ino.0 {
-            ROOT => entries.push((BLOBS_DIR, FileType::Directory, "blobs".into())),
-            BLOBS_DIR => {
-                for (i, b) in self.table.all() {
-                    entries.push((i, FileType::RegularFile, b.blob.digest.hex()));
+        });
+        let Some(reply) = reply else { return };
+        // Not all cached: fetch on the blob's own threads, not on this worker.
+        let (view, metrics) = (self.view.clone(), self.metrics.clone());
+        let digest = blob.blob.digest;
+        self.slow.submit(
+            digest,
+            reply,
+            Box::new(move || {
+                let mut buf = vec![0u8; n];
+                match view.read(&blob, offset, &mut buf, false) {
+                    Ok(_) => {
+                        use std::sync::atomic::Ordering::Relaxed;
+                        metrics.reads.fetch_add(1, Relaxed);
+                        metrics.read_bytes.fetch_add(n as u64, Relaxed);
+                        Ok(buf)
+                    }
+                    Err(e) => Err(errno(&e, &metrics)),
                 }
-            }
-            _ => return reply.error(Errno::ENOTDIR),
+            }),
+        );
+    }
+
+    fn readdir(&self, ino: u64) -> Result<Vec<(u64, u32, Vec<u8>)>, Errno> {
+        match ino {
+            ROOT => Ok(vec![(BLOBS_DIR, proto::DT_DIR, b"blobs".to_vec())]),
+            BLOBS_DIR => Ok(self
+                .view
+                .table
+                .all()
+                .iter()
+                .map(|b| {
+                    let d = &b.blob.digest;
+                    (blob_ino(d), proto::DT_REG, d.hex().into_bytes())
+                })
+                .collect()),
+            _ => Err(Errno::NOTDIR),
         }
-        for (k, (i, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(i), (k + 1) as u64, kind, name) {
-                break;
-            }
-        }
-        reply.ok();
     }
 }
 
-/// Mount options for the blob filesystem.
-pub fn fuse_config(threads: usize, group: Option<u32>) -> Config {
-    let mut c = Config::default();
-    c.mount_options = vec![
-        MountOption::FSName("strata".into()),
-        MountOption::Subtype("strata".into()),
-        MountOption::RO,
-        MountOption::NoDev,
-        MountOption::NoSuid,
-        MountOption::NoExec,
-    ];
-    if group.is_some() {
-        c.acl = SessionACL::All;
-        c.mount_options.push(MountOption::DefaultPermissions);
-    }
-    c.n_threads = Some(threads.max(1));
-    c.clone_fd = true;
-    c
-}
-
-/// Mounts the blob filesystem at `mountpoint` in background threads; dropping the session unmounts.
-pub fn mount(
-    fs: BlobFs,
-    mountpoint: &Path,
-    threads: usize,
-    group: Option<u32>,
-) -> std::io::Result<fuser::BackgroundSession> {
-    let config = fuse_config(threads, group);
-    fuser::Session::new(fs, mountpoint, &config)?.spawn()
-}
+#[cfg(test)]
+#[path = "blobfs_tests.rs"]
+mod tests;

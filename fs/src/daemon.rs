@@ -7,14 +7,25 @@
 //! layer shares one mount (one page-cache copy) and the last sandbox to go releases it. A sandbox is an
 //! overlay of its image's layers (top first) with its own upper and work directories.
 //!
+//! **Surviving the process.** The daemon serves a FUSE connection it may not have opened: started with
+//! an inherited one ([`Daemon::start`] with a [`Channel`]), it adopts the node as a predecessor left it —
+//! sandbox records from [`crate::state`], their layers' blobs registered from kept tables of contents
+//! before the first request is read, then the kernel asked to resend what the predecessor had read but
+//! not answered. Nothing is unmounted, so sandboxes never notice. Started without one, it cleans up what a
+//! dead node left (mounts under the runtime directory) and mounts a new connection; sandboxes recorded
+//! then are listed as stopped, their upper directories intact. [`Daemon::stop_serving`] is the
+//! handover half: stop reading requests and leave everything mounted for the successor;
+//! [`Daemon::shutdown`] is the teardown.
+//!
 //! Directories: `<state>/layers/<hex>.erofs` (metadata, on disk: the kernel refuses tmpfs),
-//! `<state>/cache/` (chunk cache), `<state>/sandboxes/<id>/{upper,work,sandbox.json}`;
-//! `<runtime>/fuse/` (blob server), `<runtime>/layers/<hex>/`, `<runtime>/sandboxes/<id>/rootfs`.
+//! `<state>/cache/` (chunk cache), `<state>/node/` (records, see [`crate::state`]),
+//! `<state>/sandboxes/<id>/{upper,work}`; `<runtime>/fuse/` (blob server), `<runtime>/layers/<hex>/`,
+//! `<runtime>/sandboxes/<id>/rootfs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use strata_prefetch::{PlanEntry, WarmOptions};
@@ -22,13 +33,18 @@ use strata_registry::digest::Digest;
 use strata_registry::model::{Manifest, Reference};
 use strata_registry::store::{Store, StoreError};
 
-use crate::blobfs::{self, BlobFs, BlobTable};
+use crate::blobfs::{BlobFs, BlobTable, InoCollision};
 use crate::cache::ChunkCache;
 use crate::fetch::{BlobHandle, Fetcher};
+use crate::fuse::session::{Options, Session};
+use crate::fuse::Channel;
 use crate::metadir;
 use crate::metrics::Metrics;
 use crate::mount::{self, MountError};
+use crate::state::{NodeState, StateError};
 use crate::warming::Warming;
+
+pub use crate::state::{Sandbox, SandboxState};
 
 /// How the daemon runs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -115,14 +131,42 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    State(#[from] StateError),
+    #[error("{0}")]
+    Ino(#[from] InoCollision),
     #[error("no sandbox {0}")]
     NoSandbox(String),
     #[error("sandbox {0} already exists")]
     SandboxExists(String),
+    #[error("sandbox {0} is stopped (its upper directory is kept: `strata rm` removes it, `strata mount --resume` continues it)")]
+    NotRunning(String),
+    /// The id has a stopped sandbox's upper directory and the request did not say what to do with it.
+    #[error("sandbox {id} has a stopped upper directory{}: resume it with --resume (same image) or discard it with --fresh", of_image(.image))]
+    Leftover { id: String, image: Option<String> },
+    /// `--resume` of a sandbox made from another image.
+    #[error("sandbox {id} was made from image {was} ({was_manifest}), not {image}: use --fresh to discard its upper directory")]
+    OtherImage {
+        id: String,
+        was: String,
+        was_manifest: Digest,
+        image: String,
+    },
+    /// Processes still run in the sandbox's rootfs.
+    #[error(
+        "sandbox {id} still has processes in its rootfs (pids {pids:?}): stop them, or use --force"
+    )]
+    Busy { id: String, pids: Vec<i32> },
     #[error("invalid request: {0}")]
     Invalid(String),
     #[error("metadata: {0}")]
     Metadata(String),
+}
+
+fn of_image(image: &Option<String>) -> String {
+    image
+        .as_ref()
+        .map_or_else(String::new, |i| format!(" from image {i}"))
 }
 
 impl DaemonError {
@@ -131,23 +175,17 @@ impl DaemonError {
         match self {
             DaemonError::NoSandbox(_) => 404,
             DaemonError::Store(e) if e.is_not_found() => 404,
-            DaemonError::SandboxExists(_) => 409,
+            DaemonError::SandboxExists(_)
+            | DaemonError::NotRunning(_)
+            | DaemonError::Leftover { .. }
+            | DaemonError::OtherImage { .. }
+            | DaemonError::Busy { .. } => 409,
             DaemonError::Invalid(_) => 400,
             DaemonError::Store(StoreError::Model(_)) => 400,
             DaemonError::Store(StoreError::Backend { .. } | StoreError::Timeout { .. }) => 502,
             _ => 500,
         }
     }
-}
-
-/// Gives directory `dir` the owner, permissions and modification time of directory `from`.
-fn root_attrs(from: &Path, dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(from)?;
-    std::os::unix::fs::chown(dir, Some(m.uid()), Some(m.gid()))?;
-    std::fs::set_permissions(dir, m.permissions())?;
-    let f = std::fs::File::open(dir)?;
-    f.set_times(std::fs::FileTimes::new().set_modified(m.modified()?))
 }
 
 fn io(path: &Path, source: std::io::Error) -> DaemonError {
@@ -157,34 +195,19 @@ fn io(path: &Path, source: std::io::Error) -> DaemonError {
     }
 }
 
-struct LayerMount {
-    refs: usize,
-    path: PathBuf,
-    blobs: Vec<Digest>,
+pub(crate) struct LayerMount {
+    pub(crate) refs: usize,
+    pub(crate) path: PathBuf,
+    pub(crate) blobs: Vec<Digest>,
     /// Stored bytes of the layer (metadata and blobs).
-    bytes: u64,
-}
-
-/// A sandbox, as recorded on disk and reported by the API.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Sandbox {
-    pub id: String,
-    pub image: String,
-    pub manifest: Digest,
-    /// Layers bottom first.
-    pub layers: Vec<Digest>,
-    pub rootfs: PathBuf,
-    pub upper: PathBuf,
-    pub work: PathBuf,
-    pub created: u64,
-    /// Stored bytes of the image (metadata and blobs).
-    pub image_bytes: u64,
+    pub(crate) bytes: u64,
 }
 
 #[derive(Default)]
-struct State {
-    layers: HashMap<Digest, LayerMount>,
-    sandboxes: BTreeMap<String, Sandbox>,
+pub(crate) struct State {
+    pub(crate) layers: HashMap<Digest, LayerMount>,
+    /// Every recorded sandbox, running or stopped.
+    pub(crate) sandboxes: BTreeMap<String, Sandbox>,
     /// Manifests are immutable: each is read from the store once.
     manifests: HashMap<Digest, Arc<Manifest>>,
 }
@@ -192,18 +215,22 @@ struct State {
 /// The node daemon.
 pub struct Daemon {
     pub config: Config,
-    store: Arc<Store>,
+    pub(crate) store: Arc<Store>,
     pub metrics: Arc<Metrics>,
     fetcher: Arc<Fetcher>,
-    table: Arc<BlobTable>,
-    state: Mutex<State>,
+    pub(crate) table: Arc<BlobTable>,
+    pub(crate) state: Mutex<State>,
+    pub(crate) node: NodeState,
     /// Serializes mounting new layers (not sandboxes of mounted layers).
     layer_lock: Mutex<()>,
-    fuse: Mutex<Option<fuser::BackgroundSession>>,
-    warming: Warming,
+    fuse: Mutex<Option<Session>>,
+    chan: Arc<Channel>,
+    pub(crate) warming: Warming,
+    /// True when this process took over a connection another one served.
+    pub adopted: bool,
 }
 
-fn valid_id(id: &str) -> bool {
+pub(crate) fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 128
         && id
@@ -212,20 +239,54 @@ fn valid_id(id: &str) -> bool {
         && !id.starts_with('.')
 }
 
+/// Prefetch settings from the configuration (`None`: prefetch off).
+fn warm_options(config: &Config) -> Option<WarmOptions> {
+    config.prefetch.then(|| WarmOptions {
+        threads: config
+            .prefetch_threads
+            .unwrap_or(match is_local_store(&config.store) {
+                true => 4,
+                // A plan's chunks are mostly not neighbours, so most requests carry one chunk and a
+                // round trip: 32 in flight fill a 1 Gbit/s, 20 ms link (16 filled half).
+                false => 32,
+            })
+            .max(1),
+        rate: config.prefetch_rate,
+        ..WarmOptions::default()
+    })
+}
+
+/// Prepares a node whose FUSE connection is gone (first start, or both the server and the holder of
+/// its descriptor died): creates the directories, detaches every mount a dead daemon left under the
+/// runtime directory, and mounts a new blob-server connection. Sandboxes recorded before are then
+/// stopped (their mounts are gone); their upper directories stay.
+pub fn mount_fresh(config: &Config) -> Result<Channel, DaemonError> {
+    // First: a dead FUSE mount makes its mount point unusable ("File exists" from mkdir, ENOTCONN
+    // from stat) until it is detached.
+    cleanup_mounts(&config.runtime_dir);
+    for d in [
+        config.state_dir.join("layers"),
+        config.state_dir.join("sandboxes"),
+        config.runtime_dir.join("fuse"),
+        config.runtime_dir.join("layers"),
+        config.runtime_dir.join("sandboxes"),
+    ] {
+        std::fs::create_dir_all(&d).map_err(|e| io(&d, e))?;
+    }
+    let fuse_dir = config.runtime_dir.join("fuse");
+    Channel::mount(&fuse_dir, config.group.is_some()).map_err(|e| io(&fuse_dir, e))
+}
+
 impl Daemon {
-    /// Starts the daemon: cleans mounts a crashed predecessor left, opens the store and cache, mounts
-    /// the blob server.
-    pub fn start(config: Config) -> Result<Arc<Daemon>, DaemonError> {
-        for d in [
-            config.state_dir.join("layers"),
-            config.state_dir.join("sandboxes"),
-            config.runtime_dir.join("fuse"),
-            config.runtime_dir.join("layers"),
-            config.runtime_dir.join("sandboxes"),
-        ] {
-            std::fs::create_dir_all(&d).map_err(|e| io(&d, e))?;
-        }
-        cleanup_mounts(&config.runtime_dir);
+    /// Starts the daemon. With `fuse`, an inherited connection: adopts the node's mounts and
+    /// sandboxes as the previous server left them. Without: detaches what a dead node left under the
+    /// runtime directory and mounts a new connection ([`mount_fresh`]).
+    pub fn start(config: Config, fuse: Option<Channel>) -> Result<Arc<Daemon>, DaemonError> {
+        let adopted = fuse.is_some();
+        let chan = Arc::new(match fuse {
+            Some(c) => c,
+            None => mount_fresh(&config)?,
+        });
         let mut store = Store::open(&config.store)?;
         let deadline = Duration::from_secs_f64(config.read_timeout_secs.max(0.1));
         store.range_deadline = deadline;
@@ -244,39 +305,17 @@ impl Daemon {
             deadline,
         ));
         let table = Arc::new(BlobTable::default());
-        let fs = BlobFs::new(
-            table.clone(),
-            fetcher.clone(),
-            metrics.clone(),
-            config.group,
-        );
-        let fuse_dir = config.runtime_dir.join("fuse");
-        let session = blobfs::mount(fs, &fuse_dir, config.fuse_threads, config.group)
-            .map_err(|e| io(&fuse_dir, e))?;
-        let warm_opts = config.prefetch.then(|| WarmOptions {
-            threads: config
-                .prefetch_threads
-                .unwrap_or(match is_local_store(&config.store) {
-                    true => 4,
-                    // A plan's chunks are mostly not neighbours, so most requests carry one chunk and
-                    // a round trip: 32 in flight fill a 1 Gbit/s, 20 ms link (16 filled half).
-                    false => 32,
-                })
-                .max(1),
-            rate: config.prefetch_rate,
-            ..WarmOptions::default()
-        });
-        let record = (config.record_plans_secs > 0.0)
-            .then(|| Duration::from_secs_f64(config.record_plans_secs.min(86_400.0)));
         let warming = Warming::new(
             store.clone(),
             table.clone(),
             fetcher.clone(),
-            warm_opts,
-            record,
+            warm_options(&config),
+            (config.record_plans_secs > 0.0)
+                .then(|| Duration::from_secs_f64(config.record_plans_secs.min(86_400.0))),
         );
-        Ok(Arc::new(Daemon {
+        let d = Arc::new(Daemon {
             warming,
+            node: NodeState::open(&config.state_dir)?,
             config,
             store,
             metrics,
@@ -284,11 +323,37 @@ impl Daemon {
             table,
             state: Mutex::new(State::default()),
             layer_lock: Mutex::new(()),
-            fuse: Mutex::new(Some(session)),
-        }))
+            fuse: Mutex::new(None),
+            chan,
+            adopted,
+        });
+        // Every running sandbox's blobs are registered before the first request is read.
+        d.restore()?;
+        let fs = BlobFs::new(
+            d.table.clone(),
+            d.fetcher.clone(),
+            d.metrics.clone(),
+            d.config.group,
+        )
+        .map_err(|e| io(&d.config.runtime_dir, e))?;
+        let session = Session::start(
+            d.chan.clone(),
+            Arc::new(fs),
+            d.config.fuse_threads,
+            Options::default(),
+        )
+        .map_err(|e| io(&d.config.runtime_dir, e))?;
+        if adopted {
+            // Requests the previous server read but did not answer come back to this one.
+            if let Err(e) = d.chan.notify_resend() {
+                tracing::warn!(error = %e, "kernel refused FUSE_NOTIFY_RESEND (Linux < 6.9?): reads the previous server held fail at their deadline");
+            }
+        }
+        *d.fuse.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
+        Ok(d)
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -312,7 +377,7 @@ impl Daemon {
     }
 
     /// Mounts a layer if needed and takes a reference; returns its mount point and stored bytes.
-    fn acquire_layer(&self, d: &Digest) -> Result<(PathBuf, u64), DaemonError> {
+    pub(crate) fn acquire_layer(&self, d: &Digest) -> Result<(PathBuf, u64), DaemonError> {
         let take = |st: &mut State| {
             st.layers.get_mut(d).map(|l| {
                 l.refs += 1;
@@ -341,7 +406,12 @@ impl Daemon {
                 .blobs
                 .iter()
                 .filter(|b| !self.table.contains(&b.digest))
-                .map(|b| s.spawn(move || BlobHandle::open(&self.store, b)))
+                .map(|b| {
+                    s.spawn(move || match self.node.toc(b) {
+                        Some(toc) => Ok(BlobHandle::new(b, toc)),
+                        None => BlobHandle::open(&self.store, b),
+                    })
+                })
                 .collect();
             let meta = self.fetch_meta(&desc.meta.digest, &meta_path);
             let tocs: Result<Vec<BlobHandle>, DaemonError> = tocs
@@ -358,8 +428,11 @@ impl Daemon {
         meta?;
         let fetched = started.elapsed();
         let mut devices = Vec::new();
+        // Kept before the mount: a successor must be able to serve every mounted layer's blobs.
+        self.node.save_layer(d, &desc)?;
         for h in tocs? {
-            self.table.add(h);
+            self.node.save_toc(&h.blob, &h.toc)?;
+            self.table.add(h)?;
         }
         for b in &desc.blobs {
             devices.push(
@@ -404,7 +477,7 @@ impl Daemon {
     }
 
     /// Drops a reference to a layer; unmounts it when unused.
-    fn release_layer(&self, d: &Digest) {
+    pub(crate) fn release_layer(&self, d: &Digest) {
         let path = {
             let mut st = self.lock();
             let Some(l) = st.layers.get_mut(d) else {
@@ -428,131 +501,6 @@ impl Daemon {
                 tracing::info!(files, bytes, "layer metadata trimmed to its bound");
             }
         }
-    }
-
-    /// Creates a sandbox of `image`: an overlay rootfs with its own upper directory.
-    pub fn create_sandbox(
-        &self,
-        image: &str,
-        id: &str,
-        dir: Option<&Path>,
-    ) -> Result<Sandbox, DaemonError> {
-        if !valid_id(id) {
-            return Err(DaemonError::Invalid(format!(
-                "sandbox id {id:?}: use 1 to 128 of [A-Za-z0-9._-], not starting with '.'"
-            )));
-        }
-        if self.lock().sandboxes.contains_key(id) {
-            return Err(DaemonError::SandboxExists(id.to_string()));
-        }
-        let started = std::time::Instant::now();
-        let (manifest, m) = self.resolve(image)?;
-        // The plan's lookup overlaps the layers' fetch and mount.
-        self.warming.sandbox_requested(&manifest);
-        let mut lowers = Vec::new();
-        let mut acquired = Vec::new();
-        let mut image_bytes = 0;
-        for l in &m.layers {
-            match self.acquire_layer(&l.digest) {
-                Ok((p, b)) => {
-                    lowers.push(p);
-                    acquired.push(l.digest);
-                    image_bytes += b;
-                }
-                Err(e) => {
-                    for a in &acquired {
-                        self.release_layer(a);
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        let base = match dir {
-            Some(d) => d.to_path_buf(),
-            None => self.config.state_dir.join("sandboxes").join(id),
-        };
-        let (upper, work) = (base.join("upper"), base.join("work"));
-        let rootfs = self
-            .config
-            .runtime_dir
-            .join("sandboxes")
-            .join(id)
-            .join("rootfs");
-        let fresh = !upper.exists();
-        let made = [&upper, &work, &rootfs]
-            .iter()
-            .try_for_each(|p| std::fs::create_dir_all(p).map_err(|e| io(p, e)));
-        // The overlay's root shows the upper directory's attributes: a new one takes the image's.
-        let made = match (made, lowers.last()) {
-            (Ok(()), Some(top)) if fresh => root_attrs(top, &upper).map_err(|e| io(&upper, e)),
-            (r, _) => r,
-        };
-        lowers.reverse(); // overlay wants the top layer first
-        let mounted = made.and_then(|_| {
-            mount::mount_overlay(&lowers, &upper, &work, &rootfs).map_err(DaemonError::from)
-        });
-        if let Err(e) = mounted {
-            for a in &acquired {
-                self.release_layer(a);
-            }
-            return Err(e);
-        }
-        let sb = Sandbox {
-            id: id.to_string(),
-            image: image.to_string(),
-            manifest,
-            layers: acquired,
-            rootfs,
-            upper,
-            work,
-            created: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            image_bytes,
-        };
-        self.lock().sandboxes.insert(id.to_string(), sb.clone());
-        tracing::debug!(
-            id,
-            ms = started.elapsed().as_millis() as u64,
-            "sandbox created"
-        );
-        Ok(sb)
-    }
-
-    /// Removes a sandbox's rootfs (its upper directory stays on disk for `pack_diff`).
-    pub fn remove_sandbox(&self, id: &str) -> Result<Sandbox, DaemonError> {
-        let sb = self
-            .lock()
-            .sandboxes
-            .remove(id)
-            .ok_or_else(|| DaemonError::NoSandbox(id.to_string()))?;
-        if let Err(e) = mount::unmount(&sb.rootfs, true) {
-            tracing::warn!(error = %e, sandbox = id, "unmounting rootfs");
-        }
-        let _ = std::fs::remove_dir(&sb.rootfs);
-        if let Some(parent) = sb.rootfs.parent() {
-            let _ = std::fs::remove_dir(parent);
-        }
-        for l in &sb.layers {
-            self.release_layer(l);
-        }
-        Ok(sb)
-    }
-
-    /// [`Daemon::remove_sandbox`], then deletes its upper and work directories (and their directory if
-    /// that is left empty): for sandboxes nothing runs in any more and that will not be packed.
-    pub fn purge_sandbox(&self, id: &str) -> Result<Sandbox, DaemonError> {
-        let sb = self.remove_sandbox(id)?;
-        for d in [&sb.upper, &sb.work] {
-            match std::fs::remove_dir_all(d) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(d, e)),
-                _ => {}
-            }
-        }
-        if let Some(base) = sb.upper.parent() {
-            let _ = std::fs::remove_dir(base);
-        }
-        Ok(sb)
     }
 
     /// Every sandbox.
@@ -587,7 +535,27 @@ impl Daemon {
             .iter()
             .map(|(d, l)| serde_json::json!({"digest": d.to_string(), "refs": l.refs, "path": l.path}))
             .collect();
+        let fuse = self.fuse.lock().unwrap_or_else(|p| p.into_inner());
+        let fuse = fuse.as_ref().map(|s| {
+            let st = &s.stats;
+            serde_json::json!({
+                "requests": st.requests.load(std::sync::atomic::Ordering::Relaxed),
+                "resent": st.resent.load(std::sync::atomic::Ordering::Relaxed),
+                "initialized_here": st.initialized_here.load(std::sync::atomic::Ordering::Relaxed),
+            })
+        });
+        let running = st
+            .sandboxes
+            .values()
+            .filter(|s| s.state == SandboxState::Running)
+            .count();
         serde_json::json!({
+            "pid": std::process::id(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "build": option_env!("STRATA_BUILD").unwrap_or(""),
+            "adopted": self.adopted,
+            "fuse": fuse,
+            "running": running,
             "store": self.config.store,
             "cache": {"used": cache.used(), "capacity": cache.capacity(), "chunks": cache.len()},
             "layers": layers,
@@ -633,27 +601,39 @@ impl Daemon {
         self.metrics.render(&extra)
     }
 
-    /// Stops: detaches every sandbox rootfs and layer mount, then unmounts the blob server. Processes
-    /// still running in a sandbox keep what they have open; reads of data not yet cached fail with EIO.
+    /// Stops answering FUSE requests and leaves every mount in place, for a successor serving the same
+    /// connection (an upgrade, or a restart under a descriptor holder): requests read from now on are
+    /// resent to the successor. The process should exit soon after.
+    pub fn stop_serving(&self) {
+        self.warming.stop();
+        if let Some(s) = self.fuse.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            s.stop();
+        }
+    }
+
+    /// Tears the node down: detaches every sandbox rootfs and layer mount, then the blob server.
+    /// Processes still running in a sandbox keep what they have open; reads of data not yet cached fail
+    /// with EIO. Sandboxes stay recorded (stopped), with their upper directories.
     pub fn shutdown(&self) {
         self.warming.stop();
-        let ids: Vec<String> = self.lock().sandboxes.keys().cloned().collect();
+        let ids: Vec<String> = self
+            .lock()
+            .sandboxes
+            .values()
+            .filter(|s| s.state == SandboxState::Running)
+            .map(|s| s.id.clone())
+            .collect();
         for id in ids {
             let _ = self.remove_sandbox(&id);
         }
-        let layers: Vec<(Digest, PathBuf)> = self
-            .lock()
-            .layers
-            .drain()
-            .map(|(d, l)| (d, l.path))
-            .collect();
-        for (_, p) in layers {
+        let layers: Vec<PathBuf> = self.lock().layers.drain().map(|(_, l)| l.path).collect();
+        for p in layers {
             let _ = mount::unmount(&p, true);
         }
         if let Some(s) = self.fuse.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            if let Err(e) = s.umount_and_join() {
+            s.stop();
+            if let Err(e) = mount::unmount(&self.config.runtime_dir.join("fuse"), true) {
                 tracing::warn!(error = %e, "unmounting blob server");
-                let _ = mount::unmount(&self.config.runtime_dir.join("fuse"), true);
             }
         }
     }

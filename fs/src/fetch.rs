@@ -68,13 +68,18 @@ pub struct BlobHandle {
 impl BlobHandle {
     /// Fetches and verifies the blob's table of contents.
     pub fn open(store: &Store, blob: &BlobRef) -> Result<BlobHandle, StoreError> {
-        Ok(BlobHandle {
-            toc: store.get_toc(blob)?,
+        Ok(BlobHandle::new(blob, store.get_toc(blob)?))
+    }
+
+    /// A blob whose table of contents the caller has verified (e.g. kept in the node's state).
+    pub fn new(blob: &BlobRef, toc: Toc) -> BlobHandle {
+        BlobHandle {
+            toc,
             blob: blob.clone(),
             key: key::blob(&blob.digest),
             last: AtomicUsize::new(usize::MAX),
             ahead: AtomicUsize::new(0),
-        })
+        }
     }
 }
 
@@ -262,6 +267,18 @@ impl Fetcher {
         {
             self.cache.advise(&c.digest);
         }
+    }
+
+    /// Chunk `i` of `blob` if the cache has it; nothing is fetched.
+    pub fn cached(&self, blob: &BlobHandle, i: usize) -> Result<Option<ChunkBytes>, FetchError> {
+        let c = blob.toc.chunks.get(i).ok_or_else(|| FetchError::Invalid {
+            blob: blob.blob.digest,
+            why: format!("chunk index {i} out of range"),
+        })?;
+        Ok(self.cache.get(&c.digest).map(|p| {
+            self.metrics.cache_hit(&blob.blob.digest);
+            ChunkBytes::Cached(p)
+        }))
     }
 
     /// Chunk `i` of `blob`, verified.

@@ -562,6 +562,8 @@ pub fn stratad_bin() -> PathBuf {
 /// dropped, then checked to have left no mount behind.
 pub struct Daemon {
     child: Option<Child>,
+    /// The stratad binary started (a copy, for tests that upgrade it in place).
+    pub bin: PathBuf,
     pub state: tempfile::TempDir,
     pub runtime: PathBuf,
     pub socket: PathBuf,
@@ -580,6 +582,7 @@ impl Daemon {
         let socket = runtime.join("stratad.sock");
         let mut d = Daemon {
             child: None,
+            bin: stratad_bin(),
             state,
             runtime,
             socket,
@@ -596,9 +599,9 @@ impl Daemon {
         self.spawn(extra);
     }
 
-    fn spawn(&mut self, extra: &[&str]) {
-        let _ = std::fs::remove_file(&self.socket);
-        let mut c = Command::new(stratad_bin());
+    /// Starts (another) stratad on this daemon's directories; returns it without waiting for anything.
+    pub fn command(&self, extra: &[&str]) -> Command {
+        let mut c = Command::new(&self.bin);
         c.arg("--config")
             .arg("/nonexistent")
             .arg("--store")
@@ -608,12 +611,81 @@ impl Daemon {
             .arg("--runtime-dir")
             .arg(&self.runtime)
             .args(extra)
-            .env("STRATA_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+            .env("STRATA_LOG", "warn");
         for (k, v) in &self.store.env {
             c.env(k, v);
         }
+        c
+    }
+
+    /// Starts stratad again after [`Daemon::kill_all`] (or a stop), on the same directories.
+    pub fn start_again(&mut self, extra: &[&str]) {
+        self.spawn(extra);
+    }
+
+    /// Uses a copy of stratad in the state directory from now on (so a test can install another
+    /// binary at that path and upgrade to it).
+    pub fn use_copied_bin(&mut self) -> PathBuf {
+        let dir = self.state.path().join("bin");
+        std::fs::create_dir_all(&dir).expect("bin dir");
+        let p = dir.join("stratad");
+        std::fs::copy(stratad_bin(), &p).expect("copy stratad");
+        self.bin = p.clone();
+        p
+    }
+
+    /// The pid of the descriptor holder (the process the test started).
+    pub fn holder_pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// The pid of the process serving the FUSE connection (from `GET /v1/status`).
+    pub fn server_pid(&self) -> u32 {
+        let v = json(&self.ok(&["daemon", "status"]));
+        v["pid"].as_u64().expect("status pid") as u32
+    }
+
+    /// Waits until a server other than `old` answers; returns its pid.
+    pub fn wait_new_server(&self, old: u32) -> u32 {
+        let start = Instant::now();
+        loop {
+            let o = self.strata(&["daemon", "status"]);
+            if o.status.success() {
+                let v = json(&String::from_utf8_lossy(&o.stdout));
+                match v["pid"].as_u64() {
+                    Some(p) if p as u32 != old => return p as u32,
+                    _ => {}
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no new server after {old}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILLs the holder and the server: the node as after a crash (mounts left behind, dead).
+    pub fn kill_all(&mut self) {
+        let server = self.server_pid();
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // SAFETY: sending a signal to a process this test started (through its holder).
+        unsafe { libc::kill(server as i32, libc::SIGKILL) };
+        let start = Instant::now();
+        while Path::new(&format!("/proc/{server}")).exists()
+            && start.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn spawn(&mut self, extra: &[&str]) {
+        let _ = std::fs::remove_file(&self.socket);
+        let mut c = self.command(extra);
+        c.stdout(Stdio::null()).stderr(Stdio::inherit());
         self.child = Some(c.spawn().expect("start stratad"));
         let start = Instant::now();
         while !self.socket.exists() {

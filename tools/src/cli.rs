@@ -60,17 +60,44 @@ pub enum Cmd {
         /// Directory for the sandbox's upper and work directories (default: in stratad's state).
         #[arg(long)]
         upper: Option<PathBuf>,
+        /// The id has a stopped sandbox of the same image: continue with its upper directory.
+        #[arg(long, conflicts_with = "fresh")]
+        resume: bool,
+        /// The id has a stopped sandbox: delete its upper directory and start empty.
+        #[arg(long)]
+        fresh: bool,
         #[arg(long)]
         json: bool,
     },
-    /// Remove a sandbox's rootfs (its upper directory stays, for pack_diff, unless --purge).
+    /// Stop a sandbox: remove its rootfs (its upper directory stays, for pack_diff or --resume, unless --purge).
     Umount {
         #[arg(long)]
         sandbox: String,
-        /// Also delete its upper and work directories (nothing must run in it; it cannot be packed after).
+        /// Also delete its upper and work directories and its record (refused while processes run in
+        /// its rootfs, unless --force).
         #[arg(long)]
         purge: bool,
+        /// With --purge: even if processes still run in the rootfs.
+        #[arg(long, requires = "purge")]
+        force: bool,
     },
+    /// Remove sandboxes for good: rootfs, upper and work directories, record.
+    Rm {
+        /// Sandbox ids.
+        #[arg(required_unless_present = "stopped")]
+        sandboxes: Vec<String>,
+        /// Every stopped sandbox (left over after `strata umount` or a node restart).
+        #[arg(long)]
+        stopped: bool,
+        /// Even if processes still run in a sandbox's rootfs.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Manage the node daemon.
+    #[command(subcommand)]
+    Daemon(node::DaemonCmd),
     /// Sandboxes, layers mounted, bytes fetched against image size, cache use.
     Ps {
         #[arg(long)]
@@ -150,9 +177,29 @@ pub fn run(cli: Cli) -> Result<()> {
             image,
             sandbox,
             upper,
+            resume,
+            fresh,
             json,
-        } => node::mount(&cli.socket, &image, &sandbox, upper.as_deref(), json),
-        Cmd::Umount { sandbox, purge } => node::umount(&cli.socket, &sandbox, purge),
+        } => {
+            let reuse = match (resume, fresh) {
+                (true, _) => "resume",
+                (_, true) => "fresh",
+                _ => "refuse",
+            };
+            node::mount(&cli.socket, &image, &sandbox, upper.as_deref(), reuse, json)
+        }
+        Cmd::Umount {
+            sandbox,
+            purge,
+            force,
+        } => node::umount(&cli.socket, &sandbox, purge, force),
+        Cmd::Rm {
+            sandboxes,
+            stopped,
+            force,
+            json,
+        } => node::rm(&cli.socket, &sandboxes, stopped, force, json),
+        Cmd::Daemon(c) => node::daemon(&cli.socket, c),
         Cmd::Ps { json } => node::ps(&cli.socket, json),
         Cmd::Bundle {
             image,

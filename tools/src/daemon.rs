@@ -1,15 +1,28 @@
-//! `stratad`: configuration (TOML file, then flags), start, serve the control API, stop on a signal.
+//! `stratad`: configuration (TOML file, then flags), then one of three ways to run (docs/DAEMON.md):
 //!
-//! SIGTERM and SIGINT stop the daemon cleanly: every sandbox rootfs and layer mount is detached and the
-//! FUSE blob server unmounted, so no "Transport endpoint is not connected" mount is left behind. A daemon
-//! that was killed (`kill -9`) leaves its mounts; the next start detaches them before mounting anew.
+//! - **holder** (the default): this process holds the FUSE connection and runs servers that answer it
+//!   ([`crate::holder`]); a server that dies is replaced at once and sandboxes never notice;
+//! - **server**: started by a holder ([`crate::holder::ENV`]) or by systemd with the connection in its
+//!   file-descriptor store ([`crate::systemd`]): adopts the node and serves it. SIGTERM hands over
+//!   (stops, leaves every mount for a successor); SIGUSR1 tears the node down;
+//! - **plain** (`--no-holder`): one process as before — SIGTERM and SIGINT tear the node down cleanly,
+//!   and sandboxes do not outlive it.
 
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use rustix::process::{kill_process, Pid, Signal};
+use serde_json::json;
+use strata_fs::api::Hooks;
 use strata_fs::daemon::{Config, Daemon};
+use strata_fs::fuse::Channel;
+
+use crate::{holder, signals, systemd};
 
 /// strata's node daemon: mounts images lazily and gives each sandbox an overlay rootfs.
 #[derive(Parser)]
@@ -58,6 +71,9 @@ struct Args {
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
+    /// Run as one process without a descriptor holder: sandboxes then end with stratad.
+    #[arg(long)]
+    no_holder: bool,
 }
 
 /// Parses sizes like `10G`, `512M`, `4096`.
@@ -146,28 +162,7 @@ fn raise_fd_limit() {
     }
 }
 
-/// Blocks SIGTERM and SIGINT in every thread; returns once one arrives.
-fn block_signals() -> libc::sigset_t {
-    // SAFETY: plain signal-mask calls on a zeroed, initialized sigset.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
-fn wait_signal(set: &libc::sigset_t) -> i32 {
-    let mut sig = 0;
-    // SAFETY: `set` was initialized by block_signals; sig is a valid out pointer.
-    unsafe { libc::sigwait(set, &mut sig) };
-    sig
-}
-
-fn run() -> Result<()> {
-    let args = Args::parse();
+fn init_logging(args: &Args) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if args.log_json {
@@ -182,20 +177,142 @@ fn run() -> Result<()> {
             .with_writer(std::io::stderr)
             .init();
     }
+}
+
+fn run() -> Result<()> {
+    let args = Args::parse();
+    init_logging(&args);
     let config = load(&args)?;
-    let set = block_signals();
     raise_fd_limit();
-    let daemon = Daemon::start(config.clone()).context("starting stratad")?;
-    let socket = config.runtime_dir.join("stratad.sock");
-    let d2: Arc<Daemon> = daemon.clone();
-    let sock2 = socket.clone();
+    if let Some(inh) = holder::take_inherited()? {
+        return serve_for_holder(config, inh);
+    }
+    if systemd::notify_socket().is_some() || std::env::var_os("LISTEN_FDS").is_some() {
+        return serve_for_systemd(config);
+    }
+    if args.no_holder {
+        return serve_plain(config);
+    }
+    holder::hold(&config, std::env::args_os().skip(1).collect())
+}
+
+/// Starts the API on `listener` in the background.
+fn api_thread(daemon: &Arc<Daemon>, listener: UnixListener, hooks: Hooks) {
+    let d = daemon.clone();
     std::thread::spawn(move || {
-        if let Err(e) = strata_fs::api::serve(d2, &sock2, config.group) {
+        if let Err(e) = strata_fs::api::serve_listener(d, listener, Arc::new(hooks)) {
             tracing::error!(error = %e, "control socket failed");
         }
     });
-    tracing::info!(socket = %socket.display(), store = %config.store, "stratad ready");
-    let sig = wait_signal(&set);
+}
+
+/// A server under a holder: SIGTERM hands over, SIGUSR1 tears the node down.
+fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
+    let set = signals::block(&[libc::SIGTERM, libc::SIGUSR1, libc::SIGINT]);
+    let daemon = Daemon::start(config.clone(), Some(Channel::from_fd(inh.fuse)))
+        .context("starting stratad")?;
+    let holder = inh.holder;
+    let hooks = Hooks {
+        upgrade: Some(Box::new(move || {
+            let pid =
+                Pid::from_raw(holder as i32).ok_or_else(|| std::io::Error::other("no holder"))?;
+            Ok(kill_process(pid, Signal::HUP)?)
+        })),
+        status: json!({"holder_pid": holder, "mode": "holder"}),
+    };
+    api_thread(&daemon, UnixListener::from(inh.api), hooks);
+    tracing::info!(
+        pid = std::process::id(),
+        adopted = daemon.adopted,
+        "stratad serving"
+    );
+    loop {
+        match signals::wait(&set) {
+            // The holder handles SIGINT (a terminal's ^C reaches both): ignore it here.
+            libc::SIGINT => continue,
+            libc::SIGUSR1 => {
+                daemon.shutdown();
+                tracing::info!("stopped");
+            }
+            _ => {
+                daemon.stop_serving();
+                tracing::info!("handed over: mounts left for the successor");
+            }
+        }
+        drop(inh.lock);
+        // Exit without running destructors that could touch the mounts the successor serves.
+        std::process::exit(0);
+    }
+}
+
+/// A server under systemd: the FUSE connection and control socket live in the unit's file-descriptor
+/// store, so SIGTERM (a restart) hands over like an upgrade.
+fn serve_for_systemd(config: Config) -> Result<()> {
+    let set = signals::block(&[libc::SIGTERM, libc::SIGINT]);
+    let lock = holder::lock_state(&config.state_dir)?;
+    let mut fds = systemd::take_listen_fds();
+    let mut take = |name: &str| {
+        fds.iter()
+            .position(|(n, _)| n == name)
+            .map(|i| fds.remove(i).1)
+    };
+    let (fuse, api) = (take("fuse"), take("api"));
+    let chan = match fuse {
+        Some(fd) => Some(Channel::from_fd(fd)),
+        None => {
+            let c = strata_fs::daemon::mount_fresh(&config).context("mounting the blob server")?;
+            systemd::notify("FDSTORE=1\nFDNAME=fuse", &[c.fd()])?;
+            Some(c)
+        }
+    };
+    let listener = match api {
+        Some(fd) => UnixListener::from(fd),
+        None => {
+            let socket = config.runtime_dir.join("stratad.sock");
+            let l = strata_fs::api::bind(&socket, config.group)?;
+            systemd::notify("FDSTORE=1\nFDNAME=api", &[l.as_fd()])?;
+            l
+        }
+    };
+    let daemon = Daemon::start(config, chan).context("starting stratad")?;
+    let d2 = daemon.clone();
+    let hooks = Hooks {
+        upgrade: Some(Box::new(move || {
+            // systemd (Restart=always) starts the successor with the stored descriptors.
+            let d = d2.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                d.stop_serving();
+                std::process::exit(0);
+            });
+            Ok(())
+        })),
+        status: json!({"mode": "systemd"}),
+    };
+    api_thread(&daemon, listener, hooks);
+    systemd::notify(&format!("READY=1\nMAINPID={}", std::process::id()), &[])?;
+    tracing::info!(
+        pid = std::process::id(),
+        adopted = daemon.adopted,
+        "stratad serving (systemd)"
+    );
+    let _ = signals::wait(&set);
+    daemon.stop_serving();
+    let _ = systemd::notify("STOPPING=1", &[]);
+    drop(lock);
+    std::process::exit(0);
+}
+
+/// One process, no holder: sandboxes end with it.
+fn serve_plain(config: Config) -> Result<()> {
+    let set = signals::block(&[libc::SIGTERM, libc::SIGINT]);
+    let _lock = holder::lock_state(&config.state_dir)?;
+    let daemon = Daemon::start(config.clone(), None).context("starting stratad")?;
+    let socket = config.runtime_dir.join("stratad.sock");
+    let listener = strata_fs::api::bind(&socket, config.group)?;
+    api_thread(&daemon, listener, Hooks::default());
+    tracing::info!(socket = %socket.display(), store = %config.store, "stratad ready (no holder)");
+    let sig = signals::wait(&set);
     tracing::info!(signal = sig, "stopping");
     daemon.shutdown();
     let _ = std::fs::remove_file(&socket);

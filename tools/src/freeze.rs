@@ -10,7 +10,6 @@
 //! `0` to `cgroup.freeze` or `SIGCONT`. The process running `pack_diff` is never paused.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -29,26 +28,7 @@ pub struct Frozen {
 
 /// The processes whose root directory is `rootfs`.
 pub fn sandbox_pids(rootfs: &Path) -> Result<Vec<i32>> {
-    let m = std::fs::metadata(rootfs).with_context(|| format!("rootfs {}", rootfs.display()))?;
-    let me = std::process::id() as i32;
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").context("reading /proc")? {
-        let Ok(e) = e else { continue };
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        // A process may exit while we look: skip it.
-        if let Ok(r) = std::fs::metadata(e.path().join("root")) {
-            if (r.dev(), r.ino()) == (m.dev(), m.ino()) {
-                out.push(pid);
-            }
-        }
-    }
-    out.sort_unstable();
-    Ok(out)
+    strata_fs::state::sandbox_pids(rootfs).with_context(|| format!("rootfs {}", rootfs.display()))
 }
 
 fn cgroup_of(pid: i32) -> Option<String> {

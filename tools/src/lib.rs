@@ -9,11 +9,14 @@ pub mod cli;
 pub mod daemon;
 mod exit;
 mod freeze;
+mod holder;
 mod images;
 mod import;
 mod layers;
 mod node;
+mod signals;
 mod snapshot;
+mod systemd;
 mod trace;
 mod view;
 

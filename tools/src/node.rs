@@ -25,9 +25,10 @@ pub fn mount(
     image: &str,
     id: &str,
     upper: Option<&Path>,
+    reuse: &str,
     json_out: bool,
 ) -> Result<()> {
-    let mut body = json!({"image": image, "id": id});
+    let mut body = json!({"image": image, "id": id, "reuse": reuse});
     if let Some(u) = upper {
         body["dir"] = json!(std::path::absolute(u)?);
     }
@@ -41,10 +42,120 @@ pub fn mount(
 }
 
 /// `strata umount`.
-pub fn umount(socket: &Path, id: &str, purge: bool) -> Result<()> {
-    let q = if purge { "?purge=1" } else { "" };
+pub fn umount(socket: &Path, id: &str, purge: bool, force: bool) -> Result<()> {
+    let q = match (purge, force) {
+        (true, true) => "?purge=1&force=1",
+        (true, false) => "?purge=1",
+        _ => "",
+    };
     client(socket).call("DELETE", &format!("/v1/sandboxes/{id}{q}"), None)?;
     Ok(())
+}
+
+/// `strata rm`: purges the named sandboxes (or every stopped one); all are tried, the first failure
+/// is reported.
+pub fn rm(socket: &Path, ids: &[String], stopped: bool, force: bool, json_out: bool) -> Result<()> {
+    let c = client(socket);
+    let mut ids = ids.to_vec();
+    if stopped {
+        let all = c.call("GET", "/v1/sandboxes", None)?;
+        ids.extend(
+            all.as_array()
+                .into_iter()
+                .flatten()
+                .filter(|s| s["state"] == "stopped")
+                .filter_map(|s| s["id"].as_str().map(str::to_string)),
+        );
+    }
+    let q = if force {
+        "?purge=1&force=1"
+    } else {
+        "?purge=1"
+    };
+    let mut removed = Vec::new();
+    let mut first_err = None;
+    for id in &ids {
+        match c.call("DELETE", &format!("/v1/sandboxes/{id}{q}"), None) {
+            Ok(_) => removed.push(id.clone()),
+            Err(e) => {
+                eprintln!("strata: {id}: {e}");
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if json_out {
+        println!("{}", json!({"removed": removed}));
+    } else {
+        for id in &removed {
+            println!("{id}");
+        }
+    }
+    match first_err {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
+
+/// `strata daemon ...`.
+#[derive(clap::Subcommand)]
+pub enum DaemonCmd {
+    /// Replace the serving stratad with the binary now installed, without disturbing sandboxes: the
+    /// descriptor holder starts the new server on the same FUSE connection. Waits until it serves.
+    Upgrade {
+        /// Seconds to wait for the new server.
+        #[arg(long, default_value_t = 60.0)]
+        timeout: f64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The daemon's status document (JSON).
+    Status,
+}
+
+/// Runs a `strata daemon` command.
+pub fn daemon(socket: &Path, cmd: DaemonCmd) -> Result<()> {
+    let c = client(socket);
+    match cmd {
+        DaemonCmd::Status => {
+            println!("{}", c.call("GET", "/v1/status", None)?);
+            Ok(())
+        }
+        DaemonCmd::Upgrade { timeout, json } => {
+            let before = c.call("GET", "/v1/status", None)?;
+            let old = before["pid"].as_u64().unwrap_or(0);
+            c.call("POST", "/v1/upgrade", None)?;
+            let start = std::time::Instant::now();
+            let after = loop {
+                // Connections made while no server runs wait in the socket's backlog.
+                if let Ok(v) = c.call("GET", "/v1/status", None) {
+                    if v["pid"].as_u64().is_some_and(|p| p != old) {
+                        break v;
+                    }
+                }
+                if start.elapsed().as_secs_f64() > timeout {
+                    anyhow::bail!(
+                        "stratad did not come back within {timeout} s after the upgrade request"
+                    );
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            };
+            let out = json!({
+                "old_pid": old,
+                "pid": after["pid"],
+                "old_version": before["version"],
+                "version": after["version"],
+                "seconds": start.elapsed().as_secs_f64(),
+            });
+            match json {
+                true => println!("{out}"),
+                false => println!(
+                    "stratad upgraded: pid {old} -> {}, version {} -> {}",
+                    after["pid"], before["version"], after["version"]
+                ),
+            }
+            Ok(())
+        }
+    }
 }
 
 /// `strata ps`.
@@ -57,14 +168,15 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<24} {:<32} {:>6} {:>12} {:>12}  ROOTFS",
-        "SANDBOX", "IMAGE", "LAYERS", "FETCHED", "IMAGE SIZE"
+        "{:<24} {:<32} {:<8} {:>6} {:>12} {:>12}  ROOTFS",
+        "SANDBOX", "IMAGE", "STATE", "LAYERS", "FETCHED", "IMAGE SIZE"
     );
     for s in sandboxes.as_array().into_iter().flatten() {
         println!(
-            "{:<24} {:<32} {:>6} {:>12} {:>12}  {}",
+            "{:<24} {:<32} {:<8} {:>6} {:>12} {:>12}  {}",
             s["id"].as_str().unwrap_or(""),
             s["image"].as_str().unwrap_or(""),
+            s["state"].as_str().unwrap_or(""),
             s["layers"].as_array().map_or(0, |l| l.len()),
             human(s["fetched_bytes"].as_u64().unwrap_or(0)),
             human(s["image_bytes"].as_u64().unwrap_or(0)),

@@ -1,0 +1,369 @@
+//! The request loop: worker threads read requests from the one shared descriptor and dispatch them to a
+//! [`Filesystem`], which answers through plain values or, for reads, a [`Reply`] it may send later from
+//! any thread.
+//!
+//! `INIT` is answered whenever it comes, always the same way, so a server that starts on a connection
+//! another server initialized simply never sees one. A worker that reads a request after [`Session::stop`]
+//! leaves it unanswered: a handover's successor asks the kernel to resend it.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rustix::io::Errno;
+use zerocopy::IntoBytes;
+
+use super::proto::{self, init, op, Attr, Request};
+use super::{Channel, Received};
+
+/// What a filesystem answers. Node ids are the caller's (`attr.ino` of a lookup is the new node's id).
+pub trait Filesystem: Send + Sync + 'static {
+    /// The entry `name` in directory `parent`.
+    fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, Errno>;
+    /// The attributes of node `ino`.
+    fn getattr(&self, ino: u64) -> Result<Attr, Errno>;
+    /// Opens node `ino` with open(2) `flags`; returns `FOPEN_*` flags.
+    fn open(&self, ino: u64, flags: u32) -> Result<u32, Errno>;
+    /// Reads `size` bytes at `offset` of node `ino`; answers through `reply`, now or later.
+    fn read(&self, ino: u64, offset: u64, size: u32, reply: Reply);
+    /// The entries of directory `ino` (without `.` and `..`): node id, `DT_*` kind, name.
+    fn readdir(&self, ino: u64) -> Result<Vec<(u64, u32, Vec<u8>)>, Errno>;
+}
+
+/// Negotiated once per connection; every server proposes the same.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Largest readahead the kernel may use.
+    pub max_readahead: u32,
+    /// Largest request in pages (256: 1 MiB reads).
+    pub max_pages: u16,
+    /// Asynchronous requests (reads) the kernel keeps in flight.
+    pub max_background: u16,
+    /// How long the kernel may cache lookups and attributes.
+    pub ttl: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            max_readahead: 1 << 20,
+            max_pages: 256,
+            max_background: 32,
+            ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// The answer to one request; sent at most once, from any thread. Dropping it unsent answers `EIO`,
+/// so no request is ever left waiting by a bug; [`Reply::abandon`] leaves it for a successor instead.
+pub struct Reply {
+    chan: Arc<Channel>,
+    unique: u64,
+    sent: bool,
+}
+
+impl Reply {
+    fn new(chan: &Arc<Channel>, unique: u64) -> Reply {
+        Reply {
+            chan: chan.clone(),
+            unique,
+            sent: false,
+        }
+    }
+
+    /// Answers with the concatenation of `parts`.
+    pub fn data(mut self, parts: &[&[u8]]) {
+        self.sent = true;
+        let body: usize = parts.iter().map(|p| p.len()).sum();
+        let h = proto::out_header(self.unique, 0, body);
+        let mut all = Vec::with_capacity(parts.len() + 1);
+        all.push(h.as_bytes());
+        all.extend_from_slice(parts);
+        if let Err(e) = self.chan.send(&all) {
+            tracing::warn!(error = %e, "FUSE reply failed");
+        }
+    }
+
+    /// Answers with an error.
+    pub fn error(mut self, e: Errno) {
+        self.sent = true;
+        let h = proto::out_header(self.unique, -e.raw_os_error(), 0);
+        if let Err(e) = self.chan.send(&[h.as_bytes()]) {
+            tracing::warn!(error = %e, "FUSE reply failed");
+        }
+    }
+
+    /// Does not answer: the request stays with the kernel, to be resent to a successor.
+    pub fn abandon(mut self) {
+        self.sent = true;
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if !self.sent {
+            let h = proto::out_header(self.unique, -Errno::IO.raw_os_error(), 0);
+            let _ = self.chan.send(&[h.as_bytes()]);
+        }
+    }
+}
+
+/// Counters of the loop.
+#[derive(Default)]
+pub struct Stats {
+    pub requests: AtomicU64,
+    /// Requests that came back after a resend (`unique` has [`proto::UNIQUE_RESEND`]).
+    pub resent: AtomicU64,
+    /// Whether this server answered `INIT` (false for a successor on an initialized connection).
+    pub initialized_here: AtomicBool,
+    /// The kernel said it supports `FUSE_NOTIFY_RESEND` (known only to the server that saw `INIT`).
+    pub kernel_resend: AtomicBool,
+}
+
+/// Worker threads serving one connection.
+pub struct Session {
+    chan: Arc<Channel>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    pub stats: Arc<Stats>,
+}
+
+/// Size of each worker's request buffer: requests to a read-only server are small (no writes).
+const REQUEST_BUFFER: usize = 64 << 10;
+
+impl Session {
+    /// Starts `threads` workers serving `chan` with `fs`.
+    pub fn start<F: Filesystem>(
+        chan: Arc<Channel>,
+        fs: Arc<F>,
+        threads: usize,
+        opts: Options,
+    ) -> io::Result<Session> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(Stats::default());
+        let mut handles = Vec::new();
+        for i in 0..threads.max(1) {
+            let w = Worker {
+                chan: chan.clone(),
+                fs: fs.clone(),
+                stop: stop.clone(),
+                stats: stats.clone(),
+                opts: opts.clone(),
+            };
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("strata-fuse-{i}"))
+                    .spawn(move || w.run())?,
+            );
+        }
+        Ok(Session {
+            chan,
+            stop,
+            threads: handles,
+            stats,
+        })
+    }
+
+    /// The connection served.
+    pub fn channel(&self) -> &Arc<Channel> {
+        &self.chan
+    }
+
+    /// Stops answering: requests read from now on are left for a successor.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits for the workers (they end when the connection goes away).
+    pub fn join(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Worker<F> {
+    chan: Arc<Channel>,
+    fs: Arc<F>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<Stats>,
+    opts: Options,
+}
+
+impl<F: Filesystem> Worker<F> {
+    fn run(self) {
+        let mut buf = vec![0u8; REQUEST_BUFFER];
+        loop {
+            let n = match self.chan.receive(&mut buf) {
+                Ok(Received::Request(0)) | Ok(Received::Gone) => return,
+                Ok(Received::Request(n)) => n,
+                Ok(Received::Retry) => continue,
+                Err(e) => {
+                    tracing::error!(error = %e, "reading FUSE requests failed");
+                    return;
+                }
+            };
+            if self.stop.load(Ordering::SeqCst) {
+                // Left unanswered: the successor's resend brings it back.
+                return;
+            }
+            match Request::parse(&buf[..n]) {
+                Ok(req) => self.dispatch(&req),
+                Err(e) => tracing::warn!(error = %e, "bad FUSE request"),
+            }
+        }
+    }
+
+    fn dispatch(&self, req: &Request<'_>) {
+        let h = &req.header;
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        if h.unique & proto::UNIQUE_RESEND != 0 {
+            self.stats.resent.fetch_add(1, Ordering::Relaxed);
+        }
+        let reply = Reply::new(&self.chan, h.unique);
+        let ino = h.nodeid;
+        match h.opcode {
+            op::INIT => self.init(req, reply),
+            op::FORGET | op::BATCH_FORGET | op::INTERRUPT => reply.abandon(),
+            op::LOOKUP => match self.fs.lookup(ino, req.name()) {
+                Ok(attr) => {
+                    let (s, ns) = ttl(self.opts.ttl);
+                    let e = proto::EntryOut {
+                        nodeid: attr.ino,
+                        entry_valid: s,
+                        attr_valid: s,
+                        entry_valid_nsec: ns,
+                        attr_valid_nsec: ns,
+                        attr,
+                        ..Default::default()
+                    };
+                    reply.data(&[e.as_bytes()]);
+                }
+                Err(e) => reply.error(e),
+            },
+            op::GETATTR => match self.fs.getattr(ino) {
+                Ok(attr) => {
+                    let (s, ns) = ttl(self.opts.ttl);
+                    let a = proto::AttrOut {
+                        attr_valid: s,
+                        attr_valid_nsec: ns,
+                        dummy: 0,
+                        attr,
+                    };
+                    reply.data(&[a.as_bytes()]);
+                }
+                Err(e) => reply.error(e),
+            },
+            op::OPEN | op::OPENDIR => {
+                let flags = req.arg::<proto::OpenIn>().map_or(0, |o| o.flags);
+                let r = match h.opcode {
+                    op::OPEN => self.fs.open(ino, flags),
+                    _ => self.fs.getattr(ino).map(|_| 0),
+                };
+                match r {
+                    Ok(open_flags) => {
+                        let o = proto::OpenOut {
+                            fh: 0,
+                            open_flags,
+                            backing_id: 0,
+                        };
+                        reply.data(&[o.as_bytes()]);
+                    }
+                    Err(e) => reply.error(e),
+                }
+            }
+            op::READ => match req.arg::<proto::ReadIn>() {
+                Ok(r) => self.fs.read(ino, r.offset, r.size, reply),
+                Err(_) => reply.error(Errno::INVAL),
+            },
+            op::READDIR => self.readdir(req, reply),
+            op::RELEASE | op::RELEASEDIR | op::FLUSH | op::ACCESS | op::DESTROY => reply.data(&[]),
+            op::STATFS => {
+                let s = proto::StatfsOut {
+                    bsize: 4096,
+                    frsize: 4096,
+                    namelen: 255,
+                    ..Default::default()
+                };
+                reply.data(&[s.as_bytes()]);
+            }
+            _ => reply.error(Errno::NOSYS),
+        }
+    }
+
+    fn init(&self, req: &Request<'_>, reply: Reply) {
+        let Ok(i) = req.arg::<proto::InitIn>() else {
+            return reply.error(Errno::PROTO);
+        };
+        if i.major != proto::KERNEL_VERSION || i.minor < proto::KERNEL_MINOR_VERSION {
+            tracing::error!(
+                major = i.major,
+                minor = i.minor,
+                "kernel FUSE protocol too old (need 7.31)"
+            );
+            return reply.error(Errno::PROTO);
+        }
+        let kernel = u64::from(i.flags) | (u64::from(i.flags2) << 32);
+        let wanted = init::ASYNC_READ
+            | init::BIG_WRITES
+            | init::ASYNC_DIO
+            | init::PARALLEL_DIROPS
+            | init::MAX_PAGES
+            | init::INIT_EXT;
+        let flags = wanted & kernel;
+        self.stats
+            .kernel_resend
+            .store(kernel & init::HAS_RESEND != 0, Ordering::Relaxed);
+        self.stats.initialized_here.store(true, Ordering::Relaxed);
+        let out = proto::InitOut {
+            major: proto::KERNEL_VERSION,
+            minor: proto::KERNEL_MINOR_VERSION,
+            max_readahead: self.opts.max_readahead.min(i.max_readahead),
+            flags: flags as u32,
+            max_background: self.opts.max_background,
+            congestion_threshold: self.opts.max_background / 4 * 3,
+            max_write: 4096,
+            time_gran: 1,
+            max_pages: self.opts.max_pages,
+            flags2: (flags >> 32) as u32,
+            ..Default::default()
+        };
+        reply.data(&[out.as_bytes()]);
+    }
+
+    fn readdir(&self, req: &Request<'_>, reply: Reply) {
+        let Ok(r) = req.arg::<proto::ReadIn>() else {
+            return reply.error(Errno::INVAL);
+        };
+        let ino = req.header.nodeid;
+        let entries = match self.fs.readdir(ino) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
+        let dots = [
+            (ino, proto::DT_DIR, b".".to_vec()),
+            (proto::ROOT_ID, proto::DT_DIR, b"..".to_vec()),
+        ];
+        let mut out = Vec::new();
+        for (k, (child, kind, name)) in dots.into_iter().chain(entries).enumerate() {
+            if (k as u64) < r.offset {
+                continue;
+            }
+            if out.len() + proto::dirent_size(name.len()) > r.size as usize {
+                break;
+            }
+            proto::push_dirent(&mut out, child, k as u64 + 1, kind, &name);
+        }
+        reply.data(&[&out]);
+    }
+}
+
+fn ttl(d: Duration) -> (u64, u32) {
+    (d.as_secs(), d.subsec_nanos())
+}
+
+#[cfg(test)]
+#[path = "session_tests.rs"]
+mod tests;

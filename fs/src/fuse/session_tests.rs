@@ -1,0 +1,210 @@
+//! The request loop over a socket pair standing in for `/dev/fuse` (a `SOCK_SEQPACKET` pair keeps
+//! message boundaries as the device does): no root, no kernel FUSE.
+
+use std::os::fd::OwnedFd;
+use std::sync::Mutex;
+
+use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+use zerocopy::FromBytes;
+
+use super::*;
+use crate::fuse::proto::{AttrOut, EntryOut, InHeader, InitIn, InitOut, OutHeader, ReadIn};
+
+/// Answers lookups of "f" (node 5) and reads with the offset's low byte repeated; holds read replies
+/// of node 6 for the test to answer later.
+#[derive(Default)]
+struct Fake {
+    held: Mutex<Vec<Reply>>,
+}
+
+impl Filesystem for Fake {
+    fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, Errno> {
+        match (parent, name) {
+            (1, b"f") => Ok(Attr {
+                ino: 5,
+                size: 100,
+                mode: proto::S_IFREG | 0o400,
+                ..Default::default()
+            }),
+            _ => Err(Errno::NOENT),
+        }
+    }
+    fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
+        self.lookup(1, b"f")
+            .ok()
+            .filter(|a| a.ino == ino)
+            .ok_or(Errno::NOENT)
+    }
+    fn open(&self, _ino: u64, _flags: u32) -> Result<u32, Errno> {
+        Ok(proto::FOPEN_KEEP_CACHE)
+    }
+    fn read(&self, ino: u64, offset: u64, size: u32, reply: Reply) {
+        match ino {
+            6 => self.held.lock().expect("lock").push(reply),
+            _ => reply.data(&[&vec![offset as u8; size as usize]]),
+        }
+    }
+    fn readdir(&self, _ino: u64) -> Result<Vec<(u64, u32, Vec<u8>)>, Errno> {
+        Ok(vec![(5, proto::DT_REG, b"f".to_vec())])
+    }
+}
+
+fn pair() -> (OwnedFd, OwnedFd) {
+    socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .expect("socketpair")
+}
+
+fn send(kernel: &OwnedFd, opcode: u32, unique: u64, nodeid: u64, arg: &[u8]) {
+    let h = InHeader {
+        len: (40 + arg.len()) as u32,
+        opcode,
+        unique,
+        nodeid,
+        ..Default::default()
+    };
+    let mut m = h.as_bytes().to_vec();
+    m.extend_from_slice(arg);
+    rustix::io::write(kernel, &m).expect("write request");
+}
+
+fn recv(kernel: &OwnedFd) -> (OutHeader, Vec<u8>) {
+    let mut b = vec![0u8; 1 << 20];
+    let n = rustix::io::read(kernel, &mut b).expect("read reply");
+    let (h, rest) = OutHeader::read_from_prefix(&b[..n]).expect("header");
+    assert_eq!(h.len as usize, n, "reply length");
+    (h, rest.to_vec())
+}
+
+fn read_arg(offset: u64, size: u32) -> Vec<u8> {
+    ReadIn {
+        offset,
+        size,
+        ..Default::default()
+    }
+    .as_bytes()
+    .to_vec()
+}
+
+#[test]
+fn init_lookup_getattr_read_readdir_and_unknown_ops() {
+    let (kernel, server) = pair();
+    let fs = Arc::new(Fake::default());
+    let s = Session::start(
+        Arc::new(Channel::from_fd(server)),
+        fs,
+        2,
+        Options::default(),
+    )
+    .expect("start");
+    let init = InitIn {
+        major: 7,
+        minor: 41,
+        max_readahead: 1 << 17,
+        flags: (init::ASYNC_DIO | init::MAX_PAGES | init::INIT_EXT) as u32,
+        flags2: (init::HAS_RESEND >> 32) as u32,
+        ..Default::default()
+    };
+    send(&kernel, op::INIT, 1, 0, init.as_bytes());
+    let (h, body) = recv(&kernel);
+    assert_eq!((h.unique, h.error), (1, 0));
+    let out = InitOut::read_from_prefix(&body).expect("init out").0;
+    assert_eq!((out.major, out.minor, out.max_pages), (7, 31, 256));
+    // Only what the kernel offered, capped readahead.
+    assert_eq!(
+        u64::from(out.flags),
+        init::ASYNC_DIO | init::MAX_PAGES | init::INIT_EXT
+    );
+    assert_eq!(out.max_readahead, 1 << 17);
+    assert!(s.stats.kernel_resend.load(Ordering::Relaxed));
+
+    send(&kernel, op::LOOKUP, 2, 1, b"f\0");
+    let (h, body) = recv(&kernel);
+    let e = EntryOut::read_from_prefix(&body).expect("entry").0;
+    assert_eq!((h.unique, e.nodeid, e.attr.size), (2, 5, 100));
+    send(&kernel, op::LOOKUP, 3, 1, b"nope\0");
+    assert_eq!(recv(&kernel).0.error, -libc::ENOENT);
+    send(&kernel, op::GETATTR, 4, 5, &[0; 16]);
+    let (_, body) = recv(&kernel);
+    assert_eq!(
+        AttrOut::read_from_prefix(&body).expect("attr").0.attr.ino,
+        5
+    );
+    send(&kernel, op::READ, 5, 5, &read_arg(7, 10));
+    let (h, body) = recv(&kernel);
+    assert_eq!((h.unique, body), (5, vec![7u8; 10]));
+    send(&kernel, op::READDIR, 6, 1, &read_arg(0, 4096));
+    let (_, body) = recv(&kernel);
+    assert_eq!(
+        body.len(),
+        3 * proto::dirent_size(1).max(proto::dirent_size(2))
+    );
+    // FORGET gets no reply: the next reply is the unknown op's ENOSYS.
+    send(&kernel, op::FORGET, 7, 5, &[1, 0, 0, 0, 0, 0, 0, 0]);
+    send(&kernel, 999, 8, 1, &[]);
+    let (h, _) = recv(&kernel);
+    assert_eq!((h.unique, h.error), (8, -libc::ENOSYS));
+    drop(kernel);
+    s.join();
+}
+
+#[test]
+fn replies_come_from_any_thread_later_and_a_dropped_reply_is_eio() {
+    let (kernel, server) = pair();
+    let fs = Arc::new(Fake::default());
+    let s = Session::start(
+        Arc::new(Channel::from_fd(server)),
+        fs.clone(),
+        1,
+        Options::default(),
+    )
+    .expect("start");
+    // Two reads held by the filesystem do not hold the only worker: a third is answered first.
+    send(&kernel, op::READ, 10, 6, &read_arg(0, 4));
+    send(&kernel, op::READ, 11, 6, &read_arg(0, 4));
+    send(&kernel, op::READ, 12, 5, &read_arg(3, 4));
+    assert_eq!(recv(&kernel).0.unique, 12);
+    let (a, b) = {
+        let mut held = fs.held.lock().expect("lock");
+        assert_eq!(held.len(), 2);
+        let b = held.pop().expect("held");
+        (held.pop().expect("held"), b)
+    };
+    std::thread::spawn(move || a.data(&[b"late"]))
+        .join()
+        .expect("thread");
+    let (h, body) = recv(&kernel);
+    assert_eq!((h.unique, body.as_slice()), (10, &b"late"[..]));
+    drop(b);
+    let (h, _) = recv(&kernel);
+    assert_eq!((h.unique, h.error), (11, -libc::EIO));
+    drop(kernel);
+    s.join();
+}
+
+#[test]
+fn a_stopped_session_leaves_requests_unanswered_for_a_successor() {
+    let (kernel, server) = pair();
+    let chan = Arc::new(Channel::from_fd(server));
+    let s = Session::start(
+        chan.clone(),
+        Arc::new(Fake::default()),
+        1,
+        Options::default(),
+    )
+    .expect("start");
+    s.stop();
+    send(&kernel, op::READ, 20, 5, &read_arg(0, 4));
+    s.join();
+    // The successor on the same channel answers the next request; the first was left alone.
+    let s2 = Session::start(chan, Arc::new(Fake::default()), 1, Options::default()).expect("start");
+    send(&kernel, op::READ, 21, 5, &read_arg(1, 4));
+    let (h, body) = recv(&kernel);
+    assert_eq!((h.unique, body), (21, vec![1u8; 4]));
+    drop(kernel);
+    s2.join();
+}

@@ -1,0 +1,346 @@
+//! Sandboxes: created, stopped, resumed, removed — and found again after a restart.
+//!
+//! A sandbox is an overlay of its image's layers (top first) with its own upper and work directories.
+//! Its record ([`crate::state`]) is written before the overlay is mounted and outlives it: unmounting
+//! (`strata umount`) stops a sandbox, leaving its upper directory for `pack_diff` and its record for
+//! `strata ps`; only a purge (`strata rm`) deletes both.
+//!
+//! **Ids are safe to reuse.** An id whose upper directory is still there is never silently laid over
+//! another image: the request must say [`Reuse::Resume`] (same image only: continue where it was) or
+//! [`Reuse::Fresh`] (discard it). A purge refuses while processes still run in the rootfs, unless forced.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+use strata_registry::digest::Digest;
+
+use crate::daemon::{valid_id, Daemon, DaemonError, LayerMount};
+use crate::fetch::BlobHandle;
+use crate::mount;
+use crate::state::{self, Sandbox, SandboxState};
+
+/// What to do when the requested id still has a stopped sandbox's upper directory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reuse {
+    /// Refuse ([`DaemonError::Leftover`]).
+    #[default]
+    Refuse,
+    /// Continue with it (the same image only).
+    Resume,
+    /// Delete it and start empty.
+    Fresh,
+}
+
+fn io(path: &Path, source: std::io::Error) -> DaemonError {
+    DaemonError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Gives directory `dir` the owner, permissions and modification time of directory `from`.
+fn root_attrs(from: &Path, dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(from)?;
+    std::os::unix::fs::chown(dir, Some(m.uid()), Some(m.gid()))?;
+    std::fs::set_permissions(dir, m.permissions())?;
+    let f = std::fs::File::open(dir)?;
+    f.set_times(std::fs::FileTimes::new().set_modified(m.modified()?))
+}
+
+/// Deletes a sandbox's upper and work directories, and their parent if that is left empty.
+fn delete_dirs(upper: &Path, work: &Path) -> Result<(), DaemonError> {
+    for d in [upper, work] {
+        match std::fs::remove_dir_all(d) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(d, e)),
+            _ => {}
+        }
+    }
+    if let Some(base) = upper.parent() {
+        let _ = std::fs::remove_dir(base);
+    }
+    Ok(())
+}
+
+impl Daemon {
+    /// Creates a sandbox of `image`: an overlay rootfs with its own upper directory (in `dir`, or the
+    /// state directory). `reuse` says what to do with a stopped sandbox of the same id.
+    pub fn create_sandbox(
+        &self,
+        image: &str,
+        id: &str,
+        dir: Option<&Path>,
+        reuse: Reuse,
+    ) -> Result<Sandbox, DaemonError> {
+        if !valid_id(id) {
+            return Err(DaemonError::Invalid(format!(
+                "sandbox id {id:?}: use 1 to 128 of [A-Za-z0-9._-], not starting with '.'"
+            )));
+        }
+        let prior = self.lock().sandboxes.get(id).cloned();
+        if prior
+            .as_ref()
+            .is_some_and(|p| p.state == SandboxState::Running)
+        {
+            return Err(DaemonError::SandboxExists(id.to_string()));
+        }
+        let started = std::time::Instant::now();
+        let (manifest, m) = self.resolve(image)?;
+        let base = match dir {
+            Some(d) => d.to_path_buf(),
+            None => self.config.state_dir.join("sandboxes").join(id),
+        };
+        let (mut upper, mut work) = (base.join("upper"), base.join("work"));
+        if prior.is_some() || upper.exists() {
+            match (reuse, &prior) {
+                (Reuse::Refuse, _) => {
+                    return Err(DaemonError::Leftover {
+                        id: id.to_string(),
+                        image: prior.map(|p| p.image),
+                    })
+                }
+                (Reuse::Resume, Some(p)) if p.manifest != manifest => {
+                    return Err(DaemonError::OtherImage {
+                        id: id.to_string(),
+                        was: p.image.clone(),
+                        was_manifest: p.manifest,
+                        image: image.to_string(),
+                    })
+                }
+                (Reuse::Resume, Some(p)) if dir.is_none() => {
+                    (upper, work) = (p.upper.clone(), p.work.clone());
+                }
+                (Reuse::Resume, _) => {}
+                (Reuse::Fresh, p) => {
+                    if let Some(p) = p {
+                        delete_dirs(&p.upper, &p.work)?;
+                    }
+                    delete_dirs(&upper, &work)?;
+                }
+            }
+        }
+        // The plan's lookup overlaps the layers' fetch and mount.
+        self.warming.sandbox_requested(&manifest);
+        let mut lowers = Vec::new();
+        let mut acquired = Vec::new();
+        let mut image_bytes = 0;
+        for l in &m.layers {
+            match self.acquire_layer(&l.digest) {
+                Ok((p, b)) => {
+                    lowers.push(p);
+                    acquired.push(l.digest);
+                    image_bytes += b;
+                }
+                Err(e) => {
+                    self.release_all(&acquired);
+                    return Err(e);
+                }
+            }
+        }
+        let rootfs = self
+            .config
+            .runtime_dir
+            .join("sandboxes")
+            .join(id)
+            .join("rootfs");
+        let sb = Sandbox {
+            id: id.to_string(),
+            image: image.to_string(),
+            manifest,
+            layers: acquired.clone(),
+            rootfs,
+            upper,
+            work,
+            created: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            image_bytes,
+            state: SandboxState::Running,
+        };
+        lowers.reverse(); // overlay wants the top layer first
+        if let Err(e) = self.mount_sandbox(&sb, &lowers) {
+            self.release_all(&acquired);
+            match prior {
+                Some(p) if reuse == Reuse::Resume => self.node.save_sandbox(&p)?,
+                _ => self.node.remove_sandbox(id)?,
+            }
+            return Err(e);
+        }
+        self.lock().sandboxes.insert(id.to_string(), sb.clone());
+        tracing::info!(
+            sandbox = id,
+            image,
+            ms = started.elapsed().as_millis() as u64,
+            "sandbox created"
+        );
+        Ok(sb)
+    }
+
+    /// Makes the sandbox's directories, records it, mounts its overlay.
+    fn mount_sandbox(&self, sb: &Sandbox, lowers: &[PathBuf]) -> Result<(), DaemonError> {
+        let fresh = !sb.upper.exists();
+        for p in [&sb.upper, &sb.work, &sb.rootfs] {
+            std::fs::create_dir_all(p).map_err(|e| io(p, e))?;
+        }
+        // The overlay's root shows the upper directory's attributes: a new one takes the image's.
+        if let (true, Some(top)) = (fresh, lowers.first()) {
+            root_attrs(top, &sb.upper).map_err(|e| io(&sb.upper, e))?;
+        }
+        self.node.save_sandbox(sb)?;
+        mount::mount_overlay(lowers, &sb.upper, &sb.work, &sb.rootfs)?;
+        Ok(())
+    }
+
+    fn release_all(&self, layers: &[Digest]) {
+        for l in layers {
+            self.release_layer(l);
+        }
+    }
+
+    /// Stops a sandbox: unmounts its rootfs (its upper directory and record stay, for `pack_diff`,
+    /// `--resume` or a purge).
+    pub fn remove_sandbox(&self, id: &str) -> Result<Sandbox, DaemonError> {
+        let mut sb = self
+            .lock()
+            .sandboxes
+            .get(id)
+            .cloned()
+            .ok_or_else(|| DaemonError::NoSandbox(id.to_string()))?;
+        if sb.state == SandboxState::Stopped {
+            return Err(DaemonError::NotRunning(id.to_string()));
+        }
+        if let Err(e) = mount::unmount(&sb.rootfs, true) {
+            tracing::warn!(error = %e, sandbox = id, "unmounting rootfs");
+        }
+        let _ = std::fs::remove_dir(&sb.rootfs);
+        if let Some(parent) = sb.rootfs.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
+        self.release_all(&sb.layers);
+        sb.state = SandboxState::Stopped;
+        self.lock().sandboxes.insert(id.to_string(), sb.clone());
+        self.node.save_sandbox(&sb)?;
+        tracing::info!(sandbox = id, "sandbox stopped");
+        Ok(sb)
+    }
+
+    /// Removes a sandbox for good: stops it, deletes its upper and work directories and its record.
+    /// Refuses while processes run in its rootfs, unless `force`.
+    pub fn purge_sandbox(&self, id: &str, force: bool) -> Result<Sandbox, DaemonError> {
+        let sb = self
+            .sandbox(id)
+            .ok_or_else(|| DaemonError::NoSandbox(id.to_string()))?;
+        if sb.state == SandboxState::Running && !force {
+            let pids = state::sandbox_pids(&sb.rootfs).map_err(|e| io(&sb.rootfs, e))?;
+            if !pids.is_empty() {
+                return Err(DaemonError::Busy {
+                    id: id.to_string(),
+                    pids,
+                });
+            }
+        }
+        let sb = match sb.state {
+            SandboxState::Running => self.remove_sandbox(id)?,
+            SandboxState::Stopped => sb,
+        };
+        delete_dirs(&sb.upper, &sb.work)?;
+        self.node.remove_sandbox(id)?;
+        self.lock().sandboxes.remove(id);
+        tracing::info!(sandbox = id, "sandbox removed");
+        Ok(sb)
+    }
+
+    /// Loads the recorded sandboxes: a sandbox runs if its rootfs is mounted. The layers of running
+    /// sandboxes are counted and their blobs served (from kept descriptors and tables of contents, else
+    /// the store); mounts under the runtime directory that nothing recorded uses are detached.
+    pub(crate) fn restore(&self) -> Result<(), DaemonError> {
+        let runtime = &self.config.runtime_dir;
+        let mounted = state::mount_points(runtime);
+        let (records, broken) = self.node.sandboxes();
+        for e in broken {
+            tracing::error!(error = %e, "sandbox record unreadable: kept, not listed");
+        }
+        let mut refs: std::collections::BTreeMap<Digest, usize> = Default::default();
+        let mut st = self.lock();
+        for mut sb in records {
+            sb.state = match mounted.contains(&sb.rootfs) {
+                true => SandboxState::Running,
+                false => SandboxState::Stopped,
+            };
+            if sb.state == SandboxState::Running {
+                for l in &sb.layers {
+                    *refs.entry(*l).or_default() += 1;
+                }
+            }
+            st.sandboxes.insert(sb.id.clone(), sb);
+        }
+        for (d, n) in refs {
+            match self.serve_layer(&d) {
+                Ok((blobs, bytes)) => {
+                    let path = runtime.join("layers").join(d.hex());
+                    st.layers.insert(
+                        d,
+                        LayerMount {
+                            refs: n,
+                            path,
+                            blobs,
+                            bytes,
+                        },
+                    );
+                }
+                Err(e) => tracing::error!(layer = %d, error = %e,
+                    "cannot serve a running sandbox's layer: its uncached reads fail"),
+            }
+        }
+        let running: std::collections::HashSet<&Path> = st
+            .sandboxes
+            .values()
+            .filter(|s| s.state == SandboxState::Running)
+            .map(|s| s.rootfs.as_path())
+            .collect();
+        let layers: std::collections::HashSet<&Path> =
+            st.layers.values().map(|l| l.path.as_path()).collect();
+        let mut stray: Vec<&PathBuf> = mounted
+            .iter()
+            .filter(|p| {
+                p.starts_with(runtime.join("sandboxes")) || p.starts_with(runtime.join("layers"))
+            })
+            .filter(|p| !running.contains(p.as_path()) && !layers.contains(p.as_path()))
+            .collect();
+        stray.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+        for p in stray {
+            tracing::info!(mount = %p.display(), "detaching a mount no sandbox uses");
+            let _ = mount::unmount(p, true);
+        }
+        let n = st.sandboxes.len();
+        tracing::info!(
+            sandboxes = n,
+            running = running.len(),
+            adopted = self.adopted,
+            "node state loaded"
+        );
+        Ok(())
+    }
+
+    /// Serves the blobs of an already mounted layer; returns them and the layer's stored bytes.
+    fn serve_layer(&self, d: &Digest) -> Result<(Vec<Digest>, u64), DaemonError> {
+        let desc = match self.node.layer(d) {
+            Some(desc) => desc,
+            None => self.store.get_layer(d)?,
+        };
+        for b in &desc.blobs {
+            if self.table.contains(&b.digest) {
+                continue;
+            }
+            let h = match self.node.toc(b) {
+                Some(toc) => BlobHandle::new(b, toc),
+                None => BlobHandle::open(&self.store, b)?,
+            };
+            self.table.add(h)?;
+        }
+        let bytes = desc.meta.size + desc.blobs.iter().map(|b| b.size).sum::<u64>();
+        Ok((desc.blobs.iter().map(|b| b.digest).collect(), bytes))
+    }
+}

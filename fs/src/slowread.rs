@@ -1,0 +1,229 @@
+//! Reads that must wait for the network, off the FUSE workers, bounded per blob, answered by a deadline.
+//!
+//! A FUSE worker answers a read itself only when every chunk it needs is cached. Otherwise it hands the
+//! read ([`SlowReads::submit`]) to this scheduler and goes back to the device: a store that hangs holds
+//! no worker, so it cannot stall the reads of other blobs, or of cached data, on the node.
+//!
+//! **Bounded per blob.** Each blob has a queue and at most `per_blob` threads working on it (each runs
+//! the blob's queued reads one after another, then ends). Reads of a blob whose store hangs pile up as
+//! queued memory, not threads; another blob gets threads of its own at once.
+//!
+//! **A deadline that holds whatever the store does.** Every read is answered by its deadline: a reaper
+//! thread answers `EIO` to any read not answered in time — queued, or held by a thread still blocked in
+//! a fetch (which ends by itself later, under the store's own timeout, and then finds its read answered).
+//! Each read is answered exactly once: whoever takes its [`Reply`] first answers.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use strata_registry::digest::Digest;
+
+use rustix::io::Errno;
+
+use crate::fuse::session::Reply;
+
+/// A read waiting to be served.
+struct Pending {
+    reply: Mutex<Option<Reply>>,
+    /// Its place among the timers: (deadline, sequence).
+    key: (Instant, u64),
+}
+
+impl Pending {
+    fn take(&self) -> Option<Reply> {
+        self.reply.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+    fn answered(&self) -> bool {
+        self.reply
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+}
+
+/// What a slow read does once it has a thread: the bytes to answer, or the errno.
+pub type Work = Box<dyn FnOnce() -> Result<Vec<u8>, Errno> + Send>;
+
+struct Job {
+    pending: Arc<Pending>,
+    work: Work,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    threads: usize,
+}
+
+#[derive(Default)]
+struct Timers {
+    /// (deadline, sequence) → read.
+    due: BTreeMap<(Instant, u64), Arc<Pending>>,
+    seq: u64,
+    stop: bool,
+}
+
+struct Shared {
+    queues: Mutex<HashMap<Digest, Queue>>,
+    timers: Mutex<Timers>,
+    timer_cv: Condvar,
+    per_blob: usize,
+    /// Called with the number of reads answered `EIO` by the deadline.
+    on_timeout: Box<dyn Fn() + Send + Sync>,
+}
+
+/// The scheduler of slow reads.
+pub struct SlowReads {
+    shared: Arc<Shared>,
+    pub deadline: Duration,
+}
+
+impl SlowReads {
+    /// A scheduler with at most `per_blob` threads per blob and reads answered by `deadline`;
+    /// `on_timeout` counts reads that missed it.
+    pub fn new(
+        per_blob: usize,
+        deadline: Duration,
+        on_timeout: Box<dyn Fn() + Send + Sync>,
+    ) -> std::io::Result<SlowReads> {
+        let shared = Arc::new(Shared {
+            queues: Mutex::new(HashMap::new()),
+            timers: Mutex::new(Timers::default()),
+            timer_cv: Condvar::new(),
+            per_blob: per_blob.max(1),
+            on_timeout,
+        });
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name("strata-deadline".into())
+            .spawn(move || reaper(&s))?;
+        Ok(SlowReads { shared, deadline })
+    }
+
+    /// Queues a read of `blob`; `work` runs on a thread of the blob's (unless the deadline passes
+    /// first, and then `reply` gets `EIO`).
+    pub fn submit(&self, blob: Digest, reply: Reply, work: Work) {
+        let pending = {
+            let mut t = self.shared.lock_timers();
+            t.seq += 1;
+            let pending = Arc::new(Pending {
+                reply: Mutex::new(Some(reply)),
+                key: (Instant::now() + self.deadline, t.seq),
+            });
+            t.due.insert(pending.key, pending.clone());
+            pending
+        };
+        self.shared.timer_cv.notify_one();
+        let spawn = {
+            let mut qs = self.shared.lock_queues();
+            let q = qs.entry(blob).or_default();
+            q.jobs.push_back(Job { pending, work });
+            let spawn = q.threads < self.shared.per_blob;
+            if spawn {
+                q.threads += 1;
+            }
+            spawn
+        };
+        if spawn {
+            let s = self.shared.clone();
+            let started = std::thread::Builder::new()
+                .name("strata-read".into())
+                .spawn(move || drain(&s, blob));
+            if started.is_err() {
+                // No thread to spare: the reads stay queued for the blob's other threads, or the
+                // deadline answers them.
+                let mut qs = self.shared.lock_queues();
+                if let Some(q) = qs.get_mut(&blob) {
+                    q.threads -= 1;
+                }
+            }
+        }
+    }
+
+    /// Reads of `blob` queued or running.
+    pub fn queued(&self, blob: &Digest) -> usize {
+        self.shared
+            .lock_queues()
+            .get(blob)
+            .map_or(0, |q| q.jobs.len() + q.threads)
+    }
+}
+
+impl Drop for SlowReads {
+    fn drop(&mut self) {
+        self.shared.lock_timers().stop = true;
+        self.shared.timer_cv.notify_all();
+    }
+}
+
+impl Shared {
+    fn lock_queues(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Queue>> {
+        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn lock_timers(&self) -> std::sync::MutexGuard<'_, Timers> {
+        self.timers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One of a blob's threads: runs its queued reads until none is left.
+fn drain(s: &Shared, blob: Digest) {
+    loop {
+        let job = {
+            let mut qs = s.lock_queues();
+            let Some(q) = qs.get_mut(&blob) else { return };
+            match q.jobs.pop_front() {
+                Some(j) => j,
+                None => {
+                    q.threads -= 1;
+                    if q.threads == 0 {
+                        qs.remove(&blob);
+                    }
+                    return;
+                }
+            }
+        };
+        // A read the deadline already answered is skipped; otherwise the work answers it, unless the
+        // deadline takes the reply first (then the work's answer goes nowhere).
+        if job.pending.answered() {
+            continue;
+        }
+        let result = (job.work)();
+        s.lock_timers().due.remove(&job.pending.key);
+        if let Some(reply) = job.pending.take() {
+            match result {
+                Ok(bytes) => reply.data(&[&bytes]),
+                Err(e) => reply.error(e),
+            }
+        }
+    }
+}
+
+/// Answers `EIO` to reads whose deadline passed.
+fn reaper(s: &Shared) {
+    let mut t = s.lock_timers();
+    loop {
+        if t.stop {
+            return;
+        }
+        let now = Instant::now();
+        let wait = match t.due.first_key_value() {
+            Some((&(at, _), _)) if at <= now => {
+                if let Some((_, p)) = t.due.pop_first() {
+                    if let Some(reply) = p.take() {
+                        reply.error(Errno::IO);
+                        (s.on_timeout)();
+                    }
+                }
+                continue;
+            }
+            Some((&(at, _), _)) => at - now,
+            None => Duration::from_secs(3600),
+        };
+        t = s
+            .timer_cv
+            .wait_timeout(t, wait)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+}

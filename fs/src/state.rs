@@ -1,0 +1,306 @@
+//! The node's durable state: what a restarted or successor daemon needs that a crash forgot.
+//!
+//! ```text
+//! <state>/node/sandboxes/<id>.json   one record per sandbox (running or left over)
+//! <state>/node/layers/<hex>.json     descriptor of each layer the node mounted
+//! <state>/node/tocs/<hex>            each served blob's table of contents (named by its digest)
+//! ```
+//!
+//! **Crash-safe.** Every file is written whole to a temporary name and renamed over the old one, so a
+//! kill at any moment leaves the old or the new version, never a torn one; a record that still fails to
+//! parse (a disk that lost it) is reported and kept, never deleted. A sandbox's record is written before
+//! its overlay is mounted and removed only after its directories are, so no mount exists without one.
+//!
+//! **Running or stopped is not stored, it is seen.** A sandbox runs when its rootfs is mounted
+//! (`/proc/self/mountinfo`); after a crash of the whole node or of both the daemon and its descriptor
+//! holder, its mounts are gone and it is listed as stopped with its upper directory intact.
+//!
+//! **No store needed to resume.** Layer descriptors and tables of contents are kept here (tables of
+//! contents verified against their digests when read back), so a successor serves the blobs of every
+//! running sandbox before it talks to the store at all — with the store down, cached data keeps flowing.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use strata_registry::digest::Digest;
+use strata_registry::model::{BlobRef, LayerDescriptor};
+use strata_registry::toc::Toc;
+
+/// Errors reading or writing the node's state.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("node state {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("node state {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+fn io(path: &Path, source: std::io::Error) -> StateError {
+    StateError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Whether a sandbox's rootfs is mounted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    #[default]
+    Running,
+    /// Not mounted: its upper directory is left for `pack_diff`, `--resume` or `strata rm`.
+    Stopped,
+}
+
+/// A sandbox, as recorded on disk and reported by the API.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Sandbox {
+    pub id: String,
+    pub image: String,
+    pub manifest: Digest,
+    /// Layers bottom first.
+    pub layers: Vec<Digest>,
+    pub rootfs: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub created: u64,
+    /// Stored bytes of the image (metadata and blobs).
+    pub image_bytes: u64,
+    #[serde(default)]
+    pub state: SandboxState,
+}
+
+/// A layer as the node keeps it: its descriptor and stored size.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LayerRecord {
+    pub descriptor: LayerDescriptor,
+}
+
+/// The state directory's `node/` part.
+pub struct NodeState {
+    dir: PathBuf,
+}
+
+/// Writes `bytes` to `path` so that a crash leaves the old or the new content.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io(path, e))
+}
+
+impl NodeState {
+    /// Opens (creating) `<state_dir>/node`.
+    pub fn open(state_dir: &Path) -> Result<NodeState, StateError> {
+        let dir = state_dir.join("node");
+        for d in ["sandboxes", "layers", "tocs"] {
+            let p = dir.join(d);
+            std::fs::create_dir_all(&p).map_err(|e| io(&p, e))?;
+        }
+        Ok(NodeState { dir })
+    }
+
+    fn sandbox_path(&self, id: &str) -> PathBuf {
+        self.dir.join("sandboxes").join(format!("{id}.json"))
+    }
+
+    /// Records a sandbox (replacing its record).
+    pub fn save_sandbox(&self, sb: &Sandbox) -> Result<(), StateError> {
+        let p = self.sandbox_path(&sb.id);
+        let bytes = serde_json::to_vec_pretty(sb).map_err(|e| StateError::Parse {
+            path: p.clone(),
+            source: e,
+        })?;
+        write_atomic(&p, &bytes)
+    }
+
+    /// Forgets a sandbox.
+    pub fn remove_sandbox(&self, id: &str) -> Result<(), StateError> {
+        let p = self.sandbox_path(id);
+        match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&p, e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every recorded sandbox, and the records that could not be read.
+    pub fn sandboxes(&self) -> (Vec<Sandbox>, Vec<StateError>) {
+        let dir = self.dir.join("sandboxes");
+        let (mut good, mut bad) = (Vec::new(), Vec::new());
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) => return (good, vec![io(&dir, e)]),
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().is_none_or(|x| x != "json") {
+                continue;
+            }
+            let parsed = std::fs::read(&p).map_err(|e| io(&p, e)).and_then(|b| {
+                serde_json::from_slice::<Sandbox>(&b).map_err(|e| StateError::Parse {
+                    path: p.clone(),
+                    source: e,
+                })
+            });
+            match parsed {
+                Ok(sb) => good.push(sb),
+                Err(e) => bad.push(e),
+            }
+        }
+        good.sort_by(|a, b| a.id.cmp(&b.id));
+        (good, bad)
+    }
+
+    /// Keeps a layer's descriptor.
+    pub fn save_layer(&self, d: &Digest, desc: &LayerDescriptor) -> Result<(), StateError> {
+        let p = self.dir.join("layers").join(format!("{}.json", d.hex()));
+        let rec = LayerRecord {
+            descriptor: desc.clone(),
+        };
+        let bytes = serde_json::to_vec(&rec).map_err(|e| StateError::Parse {
+            path: p.clone(),
+            source: e,
+        })?;
+        write_atomic(&p, &bytes)
+    }
+
+    /// A layer's kept descriptor, if any.
+    pub fn layer(&self, d: &Digest) -> Option<LayerDescriptor> {
+        let p = self.dir.join("layers").join(format!("{}.json", d.hex()));
+        let b = std::fs::read(p).ok()?;
+        serde_json::from_slice::<LayerRecord>(&b)
+            .ok()
+            .map(|r| r.descriptor)
+    }
+
+    /// Keeps a blob's table of contents.
+    pub fn save_toc(&self, b: &BlobRef, toc: &Toc) -> Result<(), StateError> {
+        let p = self.dir.join("tocs").join(b.toc_digest.hex());
+        if p.exists() {
+            return Ok(());
+        }
+        write_atomic(&p, &toc.encode())
+    }
+
+    /// A blob's kept table of contents, if present and intact.
+    pub fn toc(&self, b: &BlobRef) -> Option<Toc> {
+        let p = self.dir.join("tocs").join(b.toc_digest.hex());
+        let bytes = std::fs::read(p).ok()?;
+        if !b.toc_digest.matches(&bytes) {
+            tracing::warn!(blob = %b.digest, "kept table of contents fails its digest; refetching");
+            return None;
+        }
+        Toc::decode(&bytes).ok()
+    }
+}
+
+/// Mount points at or below `under`, from `/proc/self/mountinfo`.
+pub fn mount_points(under: &Path) -> HashSet<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return HashSet::new();
+    };
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape)
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(under))
+        .collect()
+}
+
+/// The processes (other than this one) whose root directory is `rootfs`.
+pub fn sandbox_pids(rootfs: &Path) -> std::io::Result<Vec<i32>> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(rootfs)?;
+    let me = std::process::id() as i32;
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc")?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        // A process may exit while we look: skip it.
+        match std::fs::metadata(e.path().join("root")) {
+            Ok(r) if pid != me && (r.dev(), r.ino()) == (m.dev(), m.ino()) => out.push(pid),
+            _ => {}
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Undoes mountinfo's octal escapes (`\\040` for a space, ...).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let esc = b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c));
+        if esc {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sandbox(id: &str) -> Sandbox {
+        Sandbox {
+            id: id.into(),
+            image: "a:b".into(),
+            manifest: Digest::of(b"m"),
+            layers: vec![Digest::of(b"l")],
+            rootfs: "/r".into(),
+            upper: "/u".into(),
+            work: "/w".into(),
+            created: 1,
+            image_bytes: 2,
+            state: SandboxState::Running,
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_a_broken_one_is_reported_not_lost() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let st = NodeState::open(t.path()).expect("open");
+        st.save_sandbox(&sandbox("a")).expect("save");
+        st.save_sandbox(&sandbox("b")).expect("save");
+        st.remove_sandbox("b").expect("remove");
+        st.remove_sandbox("never")
+            .expect("removing nothing is fine");
+        let broken = t.path().join("node/sandboxes/c.json");
+        std::fs::write(&broken, b"{\"id\": ").expect("write");
+        let (good, bad) = st.sandboxes();
+        assert_eq!(
+            good.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["a"]
+        );
+        assert_eq!(bad.len(), 1);
+        assert!(bad[0].to_string().contains("c.json"), "{}", bad[0]);
+        assert!(broken.exists(), "a broken record is kept");
+        // A leftover temporary file from a kill mid-write is not a record.
+        std::fs::write(t.path().join("node/sandboxes/d.tmp99"), b"x").expect("write");
+        assert_eq!(st.sandboxes().0.len(), 1);
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape("/a\\040b/c"), "/a b/c");
+        assert_eq!(unescape("/plain\\"), "/plain\\");
+    }
+}
