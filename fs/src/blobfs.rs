@@ -35,7 +35,7 @@ use crate::fetch::{BlobHandle, FetchError, Fetcher};
 use crate::fuse::proto::{self, Attr};
 use crate::fuse::session::{Filesystem, Reply};
 use crate::metrics::Metrics;
-use crate::slowread::SlowReads;
+use crate::slowread::{SlowError, SlowReads};
 
 const ROOT: u64 = proto::ROOT_ID;
 const BLOBS_DIR: u64 = 2;
@@ -335,7 +335,13 @@ impl Filesystem for BlobFs {
                         metrics.read_bytes.fetch_add(n as u64, Relaxed);
                         Ok(buf)
                     }
-                    Err(e) => Err(errno(&e, &metrics)),
+                    Err(e) => Err(SlowError {
+                        unavailable: matches!(
+                            e,
+                            FetchError::Timeout { .. } | FetchError::Store { .. }
+                        ),
+                        errno: errno(&e, &metrics),
+                    }),
                 }
             }),
         );

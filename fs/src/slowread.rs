@@ -12,6 +12,11 @@
 //! thread answers `EIO` to any read not answered in time — queued, or held by a thread still blocked in
 //! a fetch (which ends by itself later, under the store's own timeout, and then finds its read answered).
 //! Each read is answered exactly once: whoever takes its [`Reply`] first answers.
+//!
+//! **Failing fast for a moment.** When a read of a blob misses its deadline or its store fails, reads
+//! of that blob that need the network fail at once for the next [`FAIL_FAST`] (cached data is still
+//! served: those reads never come here). The kernel answers a failed readahead by reading the page
+//! again synchronously, so without this one `read(2)` would wait twice the deadline.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
@@ -23,8 +28,19 @@ use rustix::io::Errno;
 
 use crate::fuse::session::Reply;
 
+/// How long reads of a blob fail at once after one of its reads timed out or its store failed.
+pub const FAIL_FAST: Duration = Duration::from_secs(1);
+
+/// A slow read's failure: the errno, and whether the blob's store is unavailable (a timeout or a store
+/// error, as opposed to, say, corrupt data).
+pub struct SlowError {
+    pub errno: Errno,
+    pub unavailable: bool,
+}
+
 /// A read waiting to be served.
 struct Pending {
+    blob: Digest,
     reply: Mutex<Option<Reply>>,
     /// Its place among the timers: (deadline, sequence).
     key: (Instant, u64),
@@ -43,7 +59,7 @@ impl Pending {
 }
 
 /// What a slow read does once it has a thread: the bytes to answer, or the errno.
-pub type Work = Box<dyn FnOnce() -> Result<Vec<u8>, Errno> + Send>;
+pub type Work = Box<dyn FnOnce() -> Result<Vec<u8>, SlowError> + Send>;
 
 struct Job {
     pending: Arc<Pending>,
@@ -66,6 +82,8 @@ struct Timers {
 
 struct Shared {
     queues: Mutex<HashMap<Digest, Queue>>,
+    /// Blobs failing fast, until when.
+    failing: Mutex<HashMap<Digest, Instant>>,
     timers: Mutex<Timers>,
     timer_cv: Condvar,
     per_blob: usize,
@@ -89,6 +107,7 @@ impl SlowReads {
     ) -> std::io::Result<SlowReads> {
         let shared = Arc::new(Shared {
             queues: Mutex::new(HashMap::new()),
+            failing: Mutex::new(HashMap::new()),
             timers: Mutex::new(Timers::default()),
             timer_cv: Condvar::new(),
             per_blob: per_blob.max(1),
@@ -104,10 +123,15 @@ impl SlowReads {
     /// Queues a read of `blob`; `work` runs on a thread of the blob's (unless the deadline passes
     /// first, and then `reply` gets `EIO`).
     pub fn submit(&self, blob: Digest, reply: Reply, work: Work) {
+        if self.shared.failing_now(&blob) {
+            (self.shared.on_timeout)();
+            return reply.error(Errno::IO);
+        }
         let pending = {
             let mut t = self.shared.lock_timers();
             t.seq += 1;
             let pending = Arc::new(Pending {
+                blob,
                 reply: Mutex::new(Some(reply)),
                 key: (Instant::now() + self.deadline, t.seq),
             });
@@ -164,6 +188,24 @@ impl Shared {
     fn lock_timers(&self) -> std::sync::MutexGuard<'_, Timers> {
         self.timers.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    fn lock_failing(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Instant>> {
+        self.failing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks a blob as failing for [`FAIL_FAST`].
+    fn failed(&self, blob: Digest) {
+        let now = Instant::now();
+        let mut f = self.lock_failing();
+        f.retain(|_, until| *until > now);
+        f.insert(blob, now + FAIL_FAST);
+    }
+
+    fn failing_now(&self, blob: &Digest) -> bool {
+        self.lock_failing()
+            .get(blob)
+            .is_some_and(|until| *until > Instant::now())
+    }
 }
 
 /// One of a blob's threads: runs its queued reads until none is left.
@@ -190,10 +232,16 @@ fn drain(s: &Shared, blob: Digest) {
         }
         let result = (job.work)();
         s.lock_timers().due.remove(&job.pending.key);
+        if let Err(SlowError {
+            unavailable: true, ..
+        }) = &result
+        {
+            s.failed(blob);
+        }
         if let Some(reply) = job.pending.take() {
             match result {
                 Ok(bytes) => reply.data(&[&bytes]),
-                Err(e) => reply.error(e),
+                Err(e) => reply.error(e.errno),
             }
         }
     }
@@ -213,6 +261,7 @@ fn reaper(s: &Shared) {
                     if let Some(reply) = p.take() {
                         reply.error(Errno::IO);
                         (s.on_timeout)();
+                        s.failed(p.blob);
                     }
                 }
                 continue;

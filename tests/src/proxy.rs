@@ -1,6 +1,7 @@
 //! A TCP proxy on loopback between strata and a store server, for fault injection and slow-link
-//! simulation: it can be taken down (refusing and cutting connections) and brought back, and it can add
-//! a delay per direction change and cap the bandwidth.
+//! simulation: it can be taken down (refusing and cutting connections) and brought back, it can add
+//! a delay per direction change and cap the bandwidth, and it can hang every request that mentions a
+//! given string (one blob's key, say): accepted, never answered.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -18,6 +19,17 @@ pub struct Proxy {
     pub delay_us: Arc<AtomicU64>,
     /// Bytes per second server→client (0: unlimited).
     pub rate: Arc<AtomicU64>,
+    /// Requests containing these bytes are swallowed: never forwarded, never answered.
+    pub hang: Arc<Mutex<Option<Vec<u8>>>>,
+}
+
+type Hang = Arc<Mutex<Option<Vec<u8>>>>;
+
+fn hangs(hang: &Option<Hang>, burst: &[u8]) -> bool {
+    let Some(h) = hang else { return false };
+    let Ok(g) = h.lock() else { return false };
+    g.as_ref()
+        .is_some_and(|p| !p.is_empty() && burst.windows(p.len()).any(|w| w == p.as_slice()))
 }
 
 fn pump(
@@ -25,6 +37,7 @@ fn pump(
     mut to: TcpStream,
     delay: Option<Arc<AtomicU64>>,
     rate: Option<Arc<AtomicU64>>,
+    hang: Option<Hang>,
 ) {
     let mut buf = vec![0u8; 64 << 10];
     loop {
@@ -32,6 +45,11 @@ fn pump(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if hangs(&hang, &buf[..n]) {
+            // Swallow the request and whatever follows until the client gives up.
+            while matches!(from.read(&mut buf), Ok(n) if n > 0) {}
+            break;
+        }
         if let Some(d) = &delay {
             let us = d.load(Ordering::Relaxed);
             if us > 0 {
@@ -63,13 +81,15 @@ impl Proxy {
             conns: Arc::new(Mutex::new(Vec::new())),
             delay_us: Arc::new(AtomicU64::new(0)),
             rate: Arc::new(AtomicU64::new(0)),
+            hang: Arc::new(Mutex::new(None)),
         };
-        let (down, stop, conns, delay, rate) = (
+        let (down, stop, conns, delay, rate, hang) = (
             p.down.clone(),
             p.stop.clone(),
             p.conns.clone(),
             p.delay_us.clone(),
             p.rate.clone(),
+            p.hang.clone(),
         );
         std::thread::spawn(move || {
             for c in listener.incoming() {
@@ -97,12 +117,19 @@ impl Proxy {
                     _ => continue,
                 };
                 let d = delay.clone();
-                let r = rate.clone();
-                std::thread::spawn(move || pump(c1, server, Some(d), None));
-                std::thread::spawn(move || pump(s1, client, None, Some(r)));
+                let (r, h) = (rate.clone(), hang.clone());
+                std::thread::spawn(move || pump(c1, server, Some(d), None, Some(h)));
+                std::thread::spawn(move || pump(s1, client, None, Some(r), None));
             }
         });
         p
+    }
+
+    /// Hangs every request that contains `pattern` from now on (`None`: none).
+    pub fn set_hang(&self, pattern: Option<&[u8]>) {
+        if let Ok(mut h) = self.hang.lock() {
+            *h = pattern.map(<[u8]>::to_vec);
+        }
     }
 
     /// Takes the store "down": cuts every open connection and refuses new ones.

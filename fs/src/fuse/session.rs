@@ -50,7 +50,10 @@ impl Default for Options {
         Options {
             max_readahead: 1 << 20,
             max_pages: 256,
-            max_background: 32,
+            // Reads are asynchronous requests: past this many in flight the kernel queues the rest,
+            // of every file, behind them. Reads of one hung blob must not hold a healthy blob's
+            // reads there (they wait in the server's per-blob queues instead, holding only memory).
+            max_background: 1024,
             ttl: Duration::from_secs(3600),
         }
     }
