@@ -292,6 +292,17 @@ impl S3Server {
         }
     }
 
+    /// A store in `bucket` under `prefix`, reached through a proxy on `proxy_port` (see [`proxy`]).
+    pub fn store_via(&self, bucket: &str, prefix: &str, proxy_port: u16) -> StoreEnv {
+        let mut store = self.store(bucket, prefix);
+        for (k, v) in store.env.iter_mut() {
+            if k == "AWS_ENDPOINT_URL" {
+                *v = format!("http://127.0.0.1:{proxy_port}");
+            }
+        }
+        store
+    }
+
     /// Overwrites an object (for corruption tests), through boto3.
     pub fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
         let tmp = scratch("s3put");
