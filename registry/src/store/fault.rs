@@ -6,7 +6,7 @@
 //! only. Faults are added and removed at any time, also while calls are blocked in them: a hang lasts
 //! until its fault is removed ([`FaultyStore::remove`], [`FaultyStore::clear`]), until the call's
 //! deadline (a range read then fails with [`StoreError::Timeout`], as a real backend must), or, for calls
-//! without a deadline, until [`FaultyStore::hang_limit`] — so a test that forgets to release still ends.
+//! without a deadline, until [`FaultyStore::set_hang_limit`] — so a test that forgets to release still ends.
 //! Every call is counted per operation and key, and every range read's range is recorded, so a test can
 //! assert "fetched once" or "in one request".
 //!
@@ -230,7 +230,7 @@ impl FaultyStore {
 
     /// How long a hang holds a call that has no deadline (default 30 s); it then fails with
     /// [`StoreError::Timeout`].
-    pub fn hang_limit(&self, limit: Duration) {
+    pub fn set_hang_limit(&self, limit: Duration) {
         *self.hang_limit.lock().unwrap_or_else(|p| p.into_inner()) = limit;
     }
 
@@ -466,7 +466,7 @@ mod tests {
     #[test]
     fn a_hang_without_deadline_ends_at_the_hang_limit() {
         let f = store_with("k", b"abc");
-        f.hang_limit(100 * MS);
+        f.set_hang_limit(100 * MS);
         f.inject(Fault::hang());
         let t = Instant::now();
         assert!(f.head("k").is_err_and(|e| e.is_timeout()));
