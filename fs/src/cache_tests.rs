@@ -122,8 +122,7 @@ fn a_full_disk_fails_the_insert_and_keeps_what_is_stored() {
             c"size=64k".as_ptr().cast(),
         )
     } == 0;
-    if !mounted {
-        eprintln!("skipped: cannot mount a small tmpfs here (needs root)");
+    if !strata_registry::testing::require("root (to mount a small tmpfs)", mounted) {
         return;
     }
     let c = ChunkCache::open(dir.path(), 1 << 30).unwrap();

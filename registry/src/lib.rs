@@ -11,4 +11,6 @@ pub mod digest;
 pub mod gc;
 pub mod model;
 pub mod store;
+#[doc(hidden)]
+pub mod testing;
 pub mod toc;

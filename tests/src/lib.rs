@@ -58,13 +58,74 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// True when this test can mount (root, kernel EROFS, /dev/fuse); says why it skips otherwise.
-pub fn can_mount() -> bool {
-    let ok = is_root() && kernel_has_erofs() && Path::new("/dev/fuse").exists();
-    if !ok {
-        eprintln!("SKIP: needs root, kernel EROFS and /dev/fuse");
+pub use strata_registry::testing::{require, strict};
+
+/// Something a test needs that a machine may lack. [`have`] checks it through [`require`]: missing, the
+/// test skips (logged, and counted by `scripts/test`), or fails when `CI=true` or `STRATA_REQUIRE_ALL=1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// Root, kernel EROFS and /dev/fuse: real mounts through the node daemon.
+    Mount,
+    /// Root and kernel EROFS: kernel mounts of images we write.
+    KernelErofs,
+    /// moto's S3 server (`scripts/setup` installs it).
+    Moto,
+    Bwrap,
+    Runc,
+    Umoci,
+    /// erofs-utils: `mkfs.erofs`, `fsck.erofs`.
+    ErofsUtils,
+}
+
+/// True when `program --version` (or `--help`) runs.
+fn runs(program: &str) -> bool {
+    ["--version", "--help"].iter().any(|arg| {
+        Command::new(program)
+            .arg(arg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+impl Need {
+    fn what(self) -> &'static str {
+        match self {
+            Need::Mount => "root, kernel EROFS and /dev/fuse",
+            Need::KernelErofs => "root and kernel EROFS",
+            Need::Moto => "moto[server] (scripts/setup installs it)",
+            Need::Bwrap => "bwrap (apt-get install bubblewrap)",
+            Need::Runc => "runc (apt-get install runc)",
+            Need::Umoci => "umoci (scripts/setup installs it)",
+            Need::ErofsUtils => "mkfs.erofs and fsck.erofs (apt-get install erofs-utils)",
+        }
     }
-    ok
+
+    fn present(self) -> bool {
+        match self {
+            Need::Mount => is_root() && kernel_has_erofs() && Path::new("/dev/fuse").exists(),
+            Need::KernelErofs => is_root() && kernel_has_erofs(),
+            Need::Moto => Command::new("python3")
+                .args(["-c", "import moto.server, flask"])
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            Need::Bwrap => runs("bwrap"),
+            Need::Runc => runs("runc"),
+            Need::Umoci => runs("umoci"),
+            Need::ErofsUtils => runs("mkfs.erofs") && runs("fsck.erofs"),
+        }
+    }
+}
+
+/// True when every one of `needs` is here; otherwise the test skips (or, in CI, fails) — see [`Need`].
+pub fn have(needs: &[Need]) -> bool {
+    needs.iter().all(|n| require(n.what(), n.present()))
+}
+
+/// True when this test can mount (root, kernel EROFS, /dev/fuse); see [`have`].
+pub fn can_mount() -> bool {
+    have(&[Need::Mount])
 }
 
 /// Parses JSON output, naming it on failure.
@@ -165,16 +226,10 @@ pub struct S3Server {
 }
 
 impl S3Server {
-    /// Starts the server and creates `bucket`. Returns `None` (with a printed reason) when moto is not
-    /// installed; `scripts/setup` installs it.
+    /// Starts the server and creates `bucket`. Returns `None` when moto is not installed and the test
+    /// may skip ([`have`]); `scripts/setup` installs it.
     pub fn start(bucket: &str) -> Option<S3Server> {
-        let ok = Command::new("python3")
-            .args(["-c", "import moto.server, flask"])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if !ok {
-            eprintln!("SKIP S3: moto[server] is not installed (scripts/setup installs it)");
+        if !have(&[Need::Moto]) {
             return None;
         }
         let port = TcpListener::bind("127.0.0.1:0")
@@ -235,6 +290,17 @@ impl S3Server {
                 ("AWS_ALLOW_HTTP".into(), "true".into()),
             ],
         }
+    }
+
+    /// A store in `bucket` under `prefix`, reached through a proxy on `proxy_port` (see [`proxy`]).
+    pub fn store_via(&self, bucket: &str, prefix: &str, proxy_port: u16) -> StoreEnv {
+        let mut store = self.store(bucket, prefix);
+        for (k, v) in store.env.iter_mut() {
+            if k == "AWS_ENDPOINT_URL" {
+                *v = format!("http://127.0.0.1:{proxy_port}");
+            }
+        }
+        store
     }
 
     /// Overwrites an object (for corruption tests), through boto3.

@@ -29,17 +29,9 @@ pub const CROSS_LAYER_LINKS: [&str; 9] = [
     "usr/bin/link-rel",
 ];
 
-/// True when umoci is installed (otherwise says why the caller skips).
+/// True when umoci is installed (otherwise the caller skips, or fails in CI: see [`crate::have`]).
 pub fn have_umoci() -> bool {
-    let ok = Command::new("umoci")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!("SKIP: umoci is not installed (scripts/setup installs it)");
-    }
-    ok
+    crate::have(&[crate::Need::Umoci])
 }
 
 /// Runs a command, panics unless it succeeds, returns its standard output.

@@ -1,7 +1,8 @@
 //! A TCP proxy on loopback between strata and a store server, for fault injection and slow-link
-//! simulation: it can be taken down (refusing and cutting connections) and brought back, it can add
-//! a delay per direction change and cap the bandwidth, and it can hang every request that mentions a
-//! given string (one blob's key, say): accepted, never answered.
+//! simulation: it can be taken down (refusing and cutting connections) or made silent (a black hole that
+//! accepts connections and never answers) and brought back, it can add a delay per direction change and
+//! cap the bandwidth, and it can hang every request that mentions a given string (one blob's key, say):
+//! accepted, never answered.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -13,6 +14,7 @@ use std::time::Duration;
 pub struct Proxy {
     pub port: u16,
     down: Arc<AtomicBool>,
+    silent: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     conns: Arc<Mutex<Vec<TcpStream>>>,
     /// Extra latency added once per request (each client→server burst), in microseconds.
@@ -77,14 +79,16 @@ impl Proxy {
         let p = Proxy {
             port,
             down: Arc::new(AtomicBool::new(false)),
+            silent: Arc::new(AtomicBool::new(false)),
             stop: Arc::new(AtomicBool::new(false)),
             conns: Arc::new(Mutex::new(Vec::new())),
             delay_us: Arc::new(AtomicU64::new(0)),
             rate: Arc::new(AtomicU64::new(0)),
             hang: Arc::new(Mutex::new(None)),
         };
-        let (down, stop, conns, delay, rate, hang) = (
+        let (down, silent, stop, conns, delay, rate, hang) = (
             p.down.clone(),
+            p.silent.clone(),
             p.stop.clone(),
             p.conns.clone(),
             p.delay_us.clone(),
@@ -99,6 +103,13 @@ impl Proxy {
                 let Ok(client) = c else { continue };
                 if down.load(Ordering::Relaxed) {
                     let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                if silent.load(Ordering::Relaxed) {
+                    // Held open, never read or answered, until the proxy is brought back or dropped.
+                    if let Ok(mut v) = conns.lock() {
+                        v.push(client);
+                    }
                     continue;
                 }
                 let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
@@ -136,10 +147,21 @@ impl Proxy {
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::Relaxed);
         if down {
-            if let Ok(mut v) = self.conns.lock() {
-                for c in v.drain(..) {
-                    let _ = c.shutdown(Shutdown::Both);
-                }
+            self.cut();
+        }
+    }
+
+    /// Makes the store a black hole: cuts every open connection, then accepts new ones and never
+    /// answers them (a server that hangs, or a dropped network path behind a load balancer).
+    pub fn set_silent(&self, silent: bool) {
+        self.silent.store(silent, Ordering::Relaxed);
+        self.cut();
+    }
+
+    fn cut(&self) {
+        if let Ok(mut v) = self.conns.lock() {
+            for c in v.drain(..) {
+                let _ = c.shutdown(Shutdown::Both);
             }
         }
     }

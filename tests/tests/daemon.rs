@@ -19,7 +19,7 @@ fn build_image(store: &StoreEnv, tag: &str, files: &[(&str, Vec<u8>)]) {
 
 #[test]
 fn sandboxes_share_layers_and_run_bwrap_and_runc() {
-    if !can_mount() {
+    if !have(&[Need::Mount, Need::Bwrap, Need::Runc]) {
         return;
     }
     let sdir = scratch("store");
@@ -157,7 +157,7 @@ fn merged_rootfs_equals_source_entry_by_entry() {
 
 #[test]
 fn s3_lazy_reads_survive_a_store_outage_within_the_deadline() {
-    if !can_mount() {
+    if !have(&[Need::Mount, Need::Bwrap, Need::Runc]) {
         return;
     }
     let Some(s3) = S3Server::start("lazy") else {

@@ -12,6 +12,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use strata_tests::{have, Need};
+
 use strata_builder::erofs::format::{makedev, BLKSZ};
 use strata_builder::erofs::{write_image, ChunkLoc, DeviceSlot, ErofsImage};
 use strata_builder::tree::{FileData, Meta, NodeId, NodeKind, Tree};
@@ -20,18 +22,6 @@ use strata_registry::digest::Digest;
 
 const CHUNK_BITS: u8 = 20;
 const CHUNK: u64 = 1 << CHUNK_BITS;
-
-/// Why the kernel part cannot run here, if it cannot.
-fn skip_reason() -> Option<String> {
-    if !rustix::process::geteuid().is_root() {
-        return Some("not root".into());
-    }
-    match std::fs::read_to_string("/proc/filesystems") {
-        Ok(fs) if fs.split_whitespace().any(|w| w == "erofs") => None,
-        Ok(_) => Some("no erofs in /proc/filesystems".into()),
-        Err(e) => Some(format!("cannot read /proc/filesystems: {e}")),
-    }
-}
 
 /// Deterministic pseudo-random bytes.
 fn pattern(seed: &str, len: usize) -> Vec<u8> {
@@ -574,28 +564,25 @@ fn kernel_mounts_what_we_write() {
         }
     }
 
-    match Command::new("fsck.erofs")
-        .args(
-            dev_paths
-                .iter()
-                .map(|p| format!("--device={}", p.display())),
-        )
-        .arg(&meta_path)
-        .output()
-    {
-        Ok(out) => assert!(
+    if have(&[Need::ErofsUtils]) {
+        let out = Command::new("fsck.erofs")
+            .args(
+                dev_paths
+                    .iter()
+                    .map(|p| format!("--device={}", p.display())),
+            )
+            .arg(&meta_path)
+            .output()
+            .expect("run fsck.erofs");
+        assert!(
             out.status.success(),
             "fsck.erofs failed: {}\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
-        ),
-        Err(e) => {
-            eprintln!("fsck.erofs not run ({e}): install erofs-utils to check images with it")
-        }
+        );
     }
 
-    if let Some(why) = skip_reason() {
-        eprintln!("skipping the kernel mount: {why}");
+    if !have(&[Need::KernelErofs]) {
         return;
     }
     let mnt = dir.path().join("mnt");
@@ -633,6 +620,9 @@ fn kernel_mounts_what_we_write() {
 /// Our reader on an image made by `mkfs.erofs` (compact inodes, tail packing, shared xattrs).
 #[test]
 fn reader_reads_mkfs_images() {
+    if !have(&[Need::ErofsUtils]) {
+        return;
+    }
     let src = tempfile::Builder::new()
         .prefix("strata-mkfs-")
         .tempdir_in("/var/tmp")
@@ -668,9 +658,7 @@ fn reader_reads_mkfs_images() {
     xattr::set(mk("a/block"), "user.own", b"x").expect("setxattr");
     // Without -T, mtimes differ from the build time and mkfs writes extended inodes; with -T, compact ones.
     for fixed_time in [None, Some(1_000_000i64)] {
-        let Some(compact) = check_mkfs_image(src.path(), &root, fixed_time) else {
-            return;
-        };
+        let compact = check_mkfs_image(src.path(), &root, fixed_time);
         assert_eq!(
             compact > 0,
             fixed_time.is_some(),
@@ -680,20 +668,14 @@ fn reader_reads_mkfs_images() {
 }
 
 /// Makes an image of `root` with mkfs.erofs and compares our reader's view with the directory. Returns how
-/// many compact inodes it met, or None if mkfs.erofs cannot run.
-fn check_mkfs_image(work: &Path, root: &Path, fixed_time: Option<i64>) -> Option<usize> {
+/// many compact inodes it met.
+fn check_mkfs_image(work: &Path, root: &Path, fixed_time: Option<i64>) -> usize {
     let image = work.join("img.erofs");
     let mut cmd = Command::new("mkfs.erofs");
     if let Some(t) = fixed_time {
         cmd.arg(format!("-T{t}"));
     }
-    let out = match cmd.arg(&image).arg(root).output() {
-        Ok(out) => out,
-        Err(e) => {
-            eprintln!("skipping: mkfs.erofs not run ({e})");
-            return None;
-        }
-    };
+    let out = cmd.arg(&image).arg(root).output().expect("run mkfs.erofs");
     assert!(
         out.status.success(),
         "mkfs.erofs: {}",
@@ -759,5 +741,5 @@ fn check_mkfs_image(work: &Path, root: &Path, fixed_time: Option<i64>) -> Option
             assert_eq!(names, want, "{show}");
         }
     }
-    Some(compact)
+    compact
 }

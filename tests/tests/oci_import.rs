@@ -35,14 +35,6 @@ fn s(p: &Path) -> &str {
     p.to_str().expect("utf8 path")
 }
 
-fn can_mount() -> bool {
-    let ok = is_root() && kernel_has_erofs() && Path::new("/dev/fuse").exists();
-    if !ok {
-        eprintln!("SKIP mount comparison: needs root, kernel EROFS and /dev/fuse");
-    }
-    ok
-}
-
 /// Mounts `image` through a daemon on `store` and compares it with `expected` entry by entry.
 fn compare_mounted(store: &StoreEnv, image: &str, expected: &Path, bundle_config: Option<&Path>) {
     let d = Daemon::start(store, &["--cache-size", "1G"]);

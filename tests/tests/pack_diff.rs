@@ -168,7 +168,7 @@ fn mutate(r: &Path, wheel: &Path) -> usize {
 
 #[test]
 fn a_new_sandbox_from_pack_diff_sees_exactly_the_first_ones_tree() {
-    if !can_mount() {
+    if !have(&[Need::Mount, Need::Bwrap]) {
         return;
     }
     let sdir = scratch("store");

@@ -23,8 +23,7 @@ struct Fixture {
 fn fixture(bucket: &str, tag: &str, seed: u32) -> Option<Fixture> {
     let s3 = S3Server::start(bucket)?;
     let proxy = Proxy::start(s3.port);
-    let mut store = s3.store(bucket, "p");
-    store.env[0].1 = format!("http://127.0.0.1:{}", proxy.port);
+    let store = s3.store_via(bucket, "p", proxy.port);
     let src = scratch("img");
     busybox_rootfs(src.path());
     let a = random_bytes(3 << 20, seed);

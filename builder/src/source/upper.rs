@@ -259,8 +259,10 @@ mod tests {
     fn overlay_markers_translated_private_xattrs_dropped_excludes_applied() {
         let dir = tempfile::tempdir().unwrap();
         let r = dir.path();
-        if !mknod_whiteout(&r.join("gone")) {
-            eprintln!("SKIP: making a 0:0 character device needs root");
+        if !strata_registry::testing::require(
+            "root (to make a 0:0 character device)",
+            mknod_whiteout(&r.join("gone")),
+        ) {
             return;
         }
         // Overlay's shared whiteout inode: a hard link of a whiteout is a whiteout.
@@ -299,8 +301,8 @@ mod tests {
     fn metacopy_and_redirect_uppers_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("d")).unwrap();
-        if xattr::set(dir.path().join("d"), "trusted.overlay.redirect", b"/x").is_err() {
-            eprintln!("SKIP: trusted.* xattrs need root");
+        let set = xattr::set(dir.path().join("d"), "trusted.overlay.redirect", b"/x");
+        if !strata_registry::testing::require("root (for trusted.* xattrs)", set.is_ok()) {
             return;
         }
         let mut ok = |_: &[u8]| Ok(());

@@ -1,9 +1,15 @@
-//! The object-store backend: the one module that speaks `object_store`.
+//! The [`StoreBackend`] of real stores, `file://` directories and `s3://` buckets: the one module that
+//! speaks `object_store`.
 //!
 //! strata's callers are synchronous (builder workers, FUSE handler threads, the CLI), so the backend owns a
 //! small tokio runtime and exposes blocking calls; it must not be called from inside an async context.
 //! Timeouts and retries are bounded so that an unreachable store fails within seconds with an error naming
-//! the URL, instead of retrying for minutes.
+//! the URL, instead of retrying for minutes. A range read's deadline is one `tokio` timeout around the
+//! whole read — connection, request, first byte, body, and the client's own retries — so it holds whatever
+//! the server does (measured against a server that accepts and never answers: `Timeout` at the deadline).
+//!
+//! A local directory has no conditional put in `object_store`: create-only uses its no-clobber link,
+//! if-match compares versions and writes while holding an exclusive `flock` of the directory.
 
 use std::ops::Range;
 use std::path::Path as FsPath;
@@ -22,21 +28,18 @@ use object_store::{
 };
 use tokio::io::AsyncReadExt;
 
-use super::StoreError;
+use super::object::{check_range, timeout, ObjectMeta, PutMode as Mode, StoreBackend, Version};
+use super::{tagfile, StoreError};
 
-/// A version of an object, for compare-and-swap.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Version {
-    pub e_tag: Option<String>,
-    pub version: Option<String>,
-}
-
-/// Blocking access to one bucket or directory.
-pub struct Backend {
+/// Blocking access to one bucket or directory through `object_store`.
+pub struct ObjectStoreBackend {
     store: Arc<dyn ObjectStore>,
     rt: tokio::runtime::Runtime,
     /// Shown in errors.
     url: String,
+    /// The root of a local directory, which has no conditional put of its own: if-match is
+    /// read-compare-write under an exclusive `flock` of this directory.
+    local: Option<std::path::PathBuf>,
 }
 
 fn s3_err(url: &str, key: &str, e: object_store::Error) -> StoreError {
@@ -53,7 +56,19 @@ fn s3_err(url: &str, key: &str, e: object_store::Error) -> StoreError {
     }
 }
 
-impl Backend {
+fn meta(m: object_store::ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
+        key: m.location.to_string(),
+        size: m.size,
+        modified: m.last_modified.timestamp(),
+        version: Version {
+            e_tag: m.e_tag,
+            version: m.version,
+        },
+    }
+}
+
+impl ObjectStoreBackend {
     fn runtime() -> Result<tokio::runtime::Runtime, StoreError> {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -64,22 +79,27 @@ impl Backend {
     }
 
     /// A local directory (created if missing).
-    pub fn local(root: &FsPath) -> Result<Backend, StoreError> {
+    pub fn local(root: &FsPath) -> Result<ObjectStoreBackend, StoreError> {
         std::fs::create_dir_all(root).map_err(|e| StoreError::io(root, e))?;
         let fs = LocalFileSystem::new_with_prefix(root).map_err(|e| StoreError::Backend {
             url: root.display().to_string(),
             key: String::new(),
             message: e.to_string(),
         })?;
-        Ok(Backend {
+        Ok(ObjectStoreBackend {
             store: Arc::new(fs),
             rt: Self::runtime()?,
             url: format!("file://{}", root.display()),
+            local: Some(root.to_path_buf()),
         })
     }
 
     /// An S3 bucket (path-style requests; endpoint, region and credentials from `AWS_*` variables).
-    pub fn s3(bucket: &str, prefix: &str, endpoint: Option<&str>) -> Result<Backend, StoreError> {
+    pub fn s3(
+        bucket: &str,
+        prefix: &str,
+        endpoint: Option<&str>,
+    ) -> Result<ObjectStoreBackend, StoreError> {
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(bucket)
             .with_virtual_hosted_style_request(false)
@@ -117,10 +137,11 @@ impl Backend {
         } else {
             Arc::new(PrefixStore::new(s3, prefix))
         };
-        Ok(Backend {
+        Ok(ObjectStoreBackend {
             store,
             rt: Self::runtime()?,
             url,
+            local: None,
         })
     }
 
@@ -128,17 +149,105 @@ impl Backend {
         s3_err(&self.url, key, e)
     }
 
-    /// Whole object.
-    pub fn get(&self, key: &str) -> Result<Bytes, StoreError> {
-        let p = Path::from(key);
-        self.rt.block_on(async {
-            let r = self.store.get(&p).await.map_err(|e| self.err(key, e))?;
-            r.bytes().await.map_err(|e| self.err(key, e))
-        })
+    async fn head_async(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
+        match self.store.head(&Path::from(key)).await {
+            Ok(m) => Ok(Some(meta(m))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(key, e)),
+        }
     }
 
-    /// Whole object and its version.
-    pub fn get_versioned(&self, key: &str) -> Result<(Bytes, Version), StoreError> {
+    /// A range read without a deadline: exactly `range`, or why not.
+    async fn read_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
+        let p = Path::from(key);
+        if range.start >= range.end {
+            let size = self
+                .head_async(key)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(key.to_string()))?
+                .size;
+            check_range(key, &range, size)?;
+            return Ok(Bytes::new());
+        }
+        match self.store.get_range(&p, range.clone()).await {
+            Ok(b) if b.len() as u64 == range.end - range.start => Ok(b),
+            // The server cut the range at the end of the object.
+            Ok(b) => {
+                check_range(key, &range, range.start + b.len() as u64)?;
+                Err(StoreError::Backend {
+                    url: self.url.clone(),
+                    key: key.to_string(),
+                    message: format!("{} bytes for a range of {range:?}", b.len()),
+                })
+            }
+            Err(e @ object_store::Error::NotFound { .. }) => Err(self.err(key, e)),
+            // A range that starts past the end is refused in a backend-specific way: ask for the size.
+            Err(e) => match self.head_async(key).await {
+                Ok(Some(m)) => {
+                    check_range(key, &range, m.size)?;
+                    Err(self.err(key, e))
+                }
+                _ => Err(self.err(key, e)),
+            },
+        }
+    }
+
+    async fn put_async(&self, key: &str, data: Bytes, mode: Mode) -> Result<Version, StoreError> {
+        let mode = match mode {
+            Mode::Overwrite => PutMode::Overwrite,
+            Mode::Create => PutMode::Create,
+            Mode::IfMatch(v) => PutMode::Update(UpdateVersion {
+                e_tag: v.e_tag,
+                version: v.version,
+            }),
+        };
+        let conditional = !matches!(mode, PutMode::Overwrite);
+        let opts = PutOptions {
+            mode,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&Path::from(key), PutPayload::from(data), opts)
+            .await
+        {
+            Ok(r) => Ok(Version {
+                e_tag: r.e_tag,
+                version: r.version,
+            }),
+            // S3 answers if-match on an absent object with 404: a lost race all the same.
+            Err(object_store::Error::NotFound { .. }) if conditional => {
+                Err(StoreError::Precondition(key.to_string()))
+            }
+            Err(e) => Err(self.err(key, e)),
+        }
+    }
+
+    /// If-match on a local directory: compare and write under the directory's lock.
+    fn put_if_match_local(
+        &self,
+        root: &FsPath,
+        key: &str,
+        data: Bytes,
+        prev: &Version,
+    ) -> Result<Version, StoreError> {
+        let dir = std::fs::File::open(root).map_err(|e| StoreError::io(root, e))?;
+        let _lock = tagfile::flock(dir, root)?;
+        match self.head(key)? {
+            Some(m) if m.version == *prev => {
+                self.rt.block_on(self.put_async(key, data, Mode::Overwrite))
+            }
+            _ => Err(StoreError::Precondition(key.to_string())),
+        }
+    }
+}
+
+impl StoreBackend for ObjectStoreBackend {
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn get(&self, key: &str) -> Result<(Bytes, Version), StoreError> {
         let p = Path::from(key);
         self.rt.block_on(async {
             let r = self.store.get(&p).await.map_err(|e| self.err(key, e))?;
@@ -151,81 +260,34 @@ impl Backend {
         })
     }
 
-    /// A byte range, with a deadline.
-    pub fn get_range(
+    /// The deadline covers the whole read (connecting, the first byte, the body, the client's retries):
+    /// the future is dropped when it passes, whatever the server is doing.
+    fn get_range(
         &self,
         key: &str,
         range: Range<u64>,
         deadline: Duration,
     ) -> Result<Bytes, StoreError> {
-        let p = Path::from(key);
-        let want = range.end - range.start;
-        let b = self.rt.block_on(async {
-            tokio::time::timeout(deadline, self.store.get_range(&p, range))
+        self.rt.block_on(async {
+            tokio::time::timeout(deadline, self.read_range(key, range))
                 .await
-                .map_err(|_| StoreError::Timeout {
-                    url: self.url.clone(),
-                    key: key.to_string(),
-                    after: deadline,
-                })?
-                .map_err(|e| self.err(key, e))
-        })?;
-        if b.len() as u64 != want {
-            return Err(StoreError::Backend {
-                url: self.url.clone(),
-                key: key.to_string(),
-                message: format!("short range read: {} of {want} bytes", b.len()),
-            });
-        }
-        Ok(b)
+                .map_err(|_| timeout(&self.url, key, deadline))?
+        })
     }
 
-    /// Size of an object, or `None` if it does not exist.
-    pub fn head(&self, key: &str) -> Result<Option<u64>, StoreError> {
-        let p = Path::from(key);
-        match self.rt.block_on(self.store.head(&p)) {
-            Ok(m) => Ok(Some(m.size)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(self.err(key, e)),
+    fn head(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
+        self.rt.block_on(self.head_async(key))
+    }
+
+    fn put(&self, key: &str, data: Bytes, mode: Mode) -> Result<Version, StoreError> {
+        match (&self.local, &mode) {
+            (Some(root), Mode::IfMatch(prev)) => self.put_if_match_local(root, key, data, prev),
+            _ => self.rt.block_on(self.put_async(key, data, mode)),
         }
     }
 
-    /// Writes an object (overwriting: callers write content-addressed keys, or use [`Self::put_cas`]).
-    pub fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
-        let p = Path::from(key);
-        self.rt
-            .block_on(self.store.put(&p, PutPayload::from(data)))
-            .map(|_| ())
-            .map_err(|e| self.err(key, e))
-    }
-
-    /// Writes an object only if it is absent (`prev` None) or still at version `prev`.
-    pub fn put_cas(
-        &self,
-        key: &str,
-        data: Bytes,
-        prev: Option<&Version>,
-    ) -> Result<(), StoreError> {
-        let p = Path::from(key);
-        let mode = match prev {
-            None => PutMode::Create,
-            Some(v) => PutMode::Update(UpdateVersion {
-                e_tag: v.e_tag.clone(),
-                version: v.version.clone(),
-            }),
-        };
-        let opts = PutOptions {
-            mode,
-            ..Default::default()
-        };
-        self.rt
-            .block_on(self.store.put_opts(&p, PutPayload::from(data), opts))
-            .map(|_| ())
-            .map_err(|e| self.err(key, e))
-    }
-
-    /// Uploads a local file (multipart, streaming) to `key`.
-    pub fn put_file(&self, key: &str, file: &FsPath) -> Result<(), StoreError> {
+    /// Multipart and streaming: the file is never in memory as a whole.
+    fn put_file(&self, key: &str, file: &FsPath) -> Result<(), StoreError> {
         let p = Path::from(key);
         self.rt.block_on(async {
             let mut f = tokio::fs::File::open(file)
@@ -253,32 +315,21 @@ impl Backend {
         })
     }
 
-    /// Keys under a prefix (recursive).
-    pub fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        Ok(self
-            .list_info(prefix)?
-            .into_iter()
-            .map(|(k, _, _)| k)
-            .collect())
-    }
-
-    /// Keys under a prefix (recursive) with their sizes and last-modified times (Unix seconds).
-    pub fn list_info(&self, prefix: &str) -> Result<Vec<(String, u64, i64)>, StoreError> {
+    fn list_info(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
+        let prefix = prefix.trim_matches('/');
         let p = Path::from(prefix);
         self.rt.block_on(async {
             let mut out = Vec::new();
-            let mut s = self.store.list(Some(&p));
+            let mut s = self.store.list((!prefix.is_empty()).then_some(&p));
             while let Some(item) = s.next().await {
-                let m = item.map_err(|e| self.err(prefix, e))?;
-                out.push((m.location.to_string(), m.size, m.last_modified.timestamp()));
+                out.push(meta(item.map_err(|e| self.err(prefix, e))?));
             }
-            out.sort();
+            out.sort_by(|a, b| a.key.cmp(&b.key));
             Ok(out)
         })
     }
 
-    /// Deletes an object (absent is fine).
-    pub fn delete(&self, key: &str) -> Result<(), StoreError> {
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
         let p = Path::from(key);
         self.rt.block_on(async {
             match self.store.delete(&p).await {
@@ -287,9 +338,16 @@ impl Backend {
             }
         })
     }
+}
 
-    /// The URL this backend was opened with.
-    pub fn url(&self) -> &str {
-        &self.url
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_local_directory_conforms() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let b = ObjectStoreBackend::local(dir.path()).expect("local");
+        super::super::conformance::run(&b);
     }
 }

@@ -13,9 +13,13 @@
 //! tmp/                   a local store's spool for blobs being written
 //! ```
 //!
-//! `<hex>` is the BLAKE3 digest of the object's bytes. The backend comes from the URL: `file:///path` or
-//! `s3://bucket/prefix` (endpoint from `AWS_ENDPOINT_URL`, region and credentials from the usual `AWS_*`
-//! variables; path-style requests so that MinIO, Ceph RGW and other S3-compatible servers work).
+//! `<hex>` is the BLAKE3 digest of the object's bytes. [`Store::open`] picks the backend from the URL:
+//! `file:///path` or `s3://bucket/prefix` (endpoint from `AWS_ENDPOINT_URL`, region and credentials from
+//! the usual `AWS_*` variables; path-style requests so that MinIO, Ceph RGW and other S3-compatible
+//! servers work). Underneath is the seam [`StoreBackend`] ([`object`] has its contract):
+//! [`Store::with_backend`] builds a store on any implementation — the in-memory [`MemoryStore`], or a
+//! [`FaultyStore`] that delays, hangs, fails or corrupts chosen reads for tests. [`conformance`] is the
+//! one suite every backend passes.
 //!
 //! Rules every writer here follows: objects are content addressed, so writes are idempotent; a caller
 //! writes an object before anything that refers to it (blob → metadata → layer → manifest → tag), so a
@@ -23,10 +27,16 @@
 //! of a whole object is verified against its digest before it is returned.
 
 mod backend;
+#[doc(hidden)]
+pub mod conformance;
+pub mod fault;
 mod frames;
+pub mod memory;
+pub mod object;
 mod tagfile;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -35,8 +45,10 @@ use crate::digest::Digest;
 use crate::model::{JsonObject, LayerDescriptor, Manifest, ModelError, TagName};
 use crate::toc::{Footer, Toc, TocError, FOOTER_LEN};
 
-use backend::Backend;
-pub use backend::Version;
+pub use backend::ObjectStoreBackend;
+pub use fault::{Fault, FaultId, FaultKind, FaultyStore, Op};
+pub use memory::MemoryStore;
+pub use object::{ObjectMeta, PutMode, StoreBackend, Version};
 
 /// The embedded default store.
 pub const DEFAULT_STORE: &str = "file:///var/lib/strata/store";
@@ -98,6 +110,11 @@ impl StoreError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, StoreError::NotFound(_))
     }
+
+    /// True when the store did not answer in time.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, StoreError::Timeout { .. })
+    }
 }
 
 /// Object keys.
@@ -140,7 +157,7 @@ pub struct TagState {
 
 /// An open store.
 pub struct Store {
-    backend: Backend,
+    backend: Arc<dyn StoreBackend>,
     /// Root directory of a local store.
     local: Option<PathBuf>,
     /// Deadline of a range read.
@@ -161,7 +178,8 @@ impl Store {
                 ));
             }
             let root = PathBuf::from(path);
-            (Backend::local(&root)?, Some(root))
+            let backend: Arc<dyn StoreBackend> = Arc::new(ObjectStoreBackend::local(&root)?);
+            (backend, Some(root))
         } else if let Some(rest) = url.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
             if bucket.is_empty() {
@@ -170,10 +188,12 @@ impl Store {
             let endpoint = std::env::var("AWS_ENDPOINT_URL")
                 .or_else(|_| std::env::var("AWS_ENDPOINT"))
                 .ok();
-            (
-                Backend::s3(bucket, prefix.trim_matches('/'), endpoint.as_deref())?,
-                None,
-            )
+            let backend: Arc<dyn StoreBackend> = Arc::new(ObjectStoreBackend::s3(
+                bucket,
+                prefix.trim_matches('/'),
+                endpoint.as_deref(),
+            )?);
+            (backend, None)
         } else if url.starts_with('/') {
             return Store::open(&format!("file://{url}"));
         } else {
@@ -184,6 +204,21 @@ impl Store {
             local,
             range_deadline: Duration::from_secs(30),
         })
+    }
+
+    /// A store on any backend (tests: a [`MemoryStore`], a [`FaultyStore`]). Tags move by the backend's
+    /// compare-and-swap put; blobs are spooled in the system temporary directory.
+    pub fn with_backend(backend: Arc<dyn StoreBackend>) -> Store {
+        Store {
+            backend,
+            local: None,
+            range_deadline: Duration::from_secs(30),
+        }
+    }
+
+    /// The backend under this store.
+    pub fn backend(&self) -> &Arc<dyn StoreBackend> {
+        &self.backend
     }
 
     /// The URL the store was opened with.
@@ -212,19 +247,23 @@ impl Store {
         if self.exists(key)? {
             return Ok(());
         }
-        self.backend.put(key, Bytes::from(data))
+        self.backend
+            .put(key, Bytes::from(data), PutMode::Overwrite)
+            .map(|_| ())
     }
 
     /// Writes a small index object (not content addressed: an `oci/` import record, a plan pointer),
     /// replacing what was there. Index objects are hints: a reader checks what one names before using it.
     pub fn put_index(&self, key: &str, data: Vec<u8>) -> Result<(), StoreError> {
-        self.backend.put(key, Bytes::from(data))
+        self.backend
+            .put(key, Bytes::from(data), PutMode::Overwrite)
+            .map(|_| ())
     }
 
     /// Reads an index object; `None` when there is none.
     pub fn get_index(&self, key: &str) -> Result<Option<Bytes>, StoreError> {
         match self.backend.get(key) {
-            Ok(b) => Ok(Some(b)),
+            Ok((b, _)) => Ok(Some(b)),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
@@ -232,7 +271,7 @@ impl Store {
 
     /// Reads a whole object and checks it against `digest`.
     pub fn get_verified(&self, key: &str, digest: &Digest) -> Result<Bytes, StoreError> {
-        let b = self.backend.get(key)?;
+        let b = self.backend.get(key)?.0;
         let actual = Digest::of(&b);
         if actual != *digest {
             return Err(StoreError::Corrupt {
@@ -311,7 +350,7 @@ impl Store {
     /// The metadata object `d` is stored as a patch against: `Some(base)` for a patch.
     pub fn meta_base(&self, d: &Digest) -> Result<Option<Digest>, StoreError> {
         let key = key::meta(d);
-        match self.backend.head(&key)? {
+        match self.size(&key)? {
             Some(n) if n >= 48 => {
                 let b = self.get_range(&key, 0..40)?;
                 if &b[..8] != META_PATCH_MAGIC {
@@ -328,7 +367,7 @@ impl Store {
     /// True if the stored metadata object `d` is a patch against another.
     fn meta_is_patch(&self, d: &Digest) -> Result<bool, StoreError> {
         let key = key::meta(d);
-        match self.backend.head(&key)? {
+        match self.size(&key)? {
             Some(n) if n >= 8 => Ok(&self.get_range(&key, 0..8)?[..] == META_PATCH_MAGIC),
             _ => Ok(false),
         }
@@ -342,7 +381,7 @@ impl Store {
 
     fn get_meta_at(&self, d: &Digest, depth: u32) -> Result<Vec<u8>, StoreError> {
         let key = key::meta(d);
-        let z = self.backend.get(&key)?;
+        let z = self.backend.get(&key)?.0;
         let bad = |why: String| StoreError::Malformed {
             key: key.clone(),
             why,
@@ -446,8 +485,7 @@ impl Store {
     pub fn get_footer(&self, blob: &Digest) -> Result<Footer, StoreError> {
         let key = key::blob(blob);
         let size = self
-            .backend
-            .head(&key)?
+            .size(&key)?
             .ok_or_else(|| StoreError::NotFound(key.clone()))?;
         if size < FOOTER_LEN as u64 {
             return Err(StoreError::Malformed {
@@ -466,7 +504,17 @@ impl Store {
 
     /// Objects under a prefix: key, size, last modified (Unix seconds).
     pub fn list_info(&self, prefix: &str) -> Result<Vec<(String, u64, i64)>, StoreError> {
-        self.backend.list_info(prefix)
+        Ok(self
+            .backend
+            .list_info(prefix)?
+            .into_iter()
+            .map(|m| (m.key, m.size, m.modified))
+            .collect())
+    }
+
+    /// The size of an object, or `None` if it does not exist.
+    fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
+        Ok(self.backend.head(key)?.map(|m| m.size))
     }
 
     /// Deletes an object (garbage collection only: objects are otherwise never deleted).
@@ -495,7 +543,7 @@ impl Store {
             },
             None => {
                 let key = tag_key(t);
-                match self.backend.get_versioned(&key) {
+                match self.backend.get(&key) {
                     Ok((b, v)) => Ok(Some(TagState {
                         digest: parse(&b, &key)?,
                         version: Some(v),
@@ -541,11 +589,11 @@ impl Store {
             }
             None => {
                 let key = tag_key(t);
-                match self.backend.put_cas(
-                    &key,
-                    Bytes::from(value),
-                    prev.and_then(|p| p.version.as_ref()),
-                ) {
+                let mode = match prev.and_then(|p| p.version.clone()) {
+                    Some(v) => PutMode::IfMatch(v),
+                    None => PutMode::Create,
+                };
+                match self.backend.put(&key, Bytes::from(value), mode).map(|_| ()) {
                     Err(StoreError::Precondition(_)) => {
                         let found = self
                             .tag_get(t)?

@@ -33,8 +33,8 @@ fn tag_path(root: &Path, t: &TagName) -> PathBuf {
     root.join("tags").join(&t.name).join(&t.tag)
 }
 
-/// Holds `tags/.lock` exclusively until dropped (the kernel releases it with the file).
-struct Lock {
+/// Holds an exclusive `flock` until dropped (the kernel releases it with the file).
+pub(super) struct Lock {
     _file: File,
 }
 
@@ -48,6 +48,12 @@ fn lock(root: &Path) -> Result<Lock, StoreError> {
         .write(true)
         .open(&path)
         .map_err(|e| io(&path, e))?;
+    flock(f, &path)
+}
+
+/// Takes an exclusive `flock` on `f` (opened from `path`), waiting up to [`LOCK_WAIT`]. Each caller
+/// opens the file anew, so the lock excludes other threads of this process as well as other processes.
+pub(super) fn flock(f: File, path: &Path) -> Result<Lock, StoreError> {
     let start = Instant::now();
     loop {
         // SAFETY: flock on a descriptor we own.
@@ -57,7 +63,7 @@ fn lock(root: &Path) -> Result<Lock, StoreError> {
         }
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) || start.elapsed() > LOCK_WAIT {
-            return Err(io(&path, e));
+            return Err(io(path, e));
         }
         std::thread::sleep(Duration::from_millis(2));
     }
