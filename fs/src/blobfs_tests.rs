@@ -10,3 +10,57 @@ fn blob_node_ids_come_from_digests_and_never_hit_the_fixed_ones() {
         assert!(ino != ROOT && ino != BLOBS_DIR && ino >> 63 == 1);
     }
 }
+
+/// The read path over a socket pair standing in for `/dev/fuse`: 256 reads of a blob whose store hangs
+/// do not delay a read of another, uncached blob, and each is answered `EIO` at the deadline.
+#[test]
+fn reads_of_a_hung_blob_hold_no_worker_and_fail_at_the_deadline() {
+    use std::time::Instant;
+
+    use strata_registry::store::{Fault, Op};
+
+    use crate::fuse::proto::op;
+    use crate::fuse::session::{Options, Session};
+    use crate::fuse::Channel;
+    use crate::testkit::{bytes, pair, read_arg, recv, send, Kit};
+
+    let deadline = Duration::from_millis(600);
+    let kit = Kit::new(deadline);
+    let chunks: Vec<Vec<u8>> = (0..256).map(|i| bytes(4096, i)).collect();
+    let (a, ka) = kit.blob(&chunks);
+    let healthy = bytes(4096, 999);
+    let (b, _) = kit.blob(std::slice::from_ref(&healthy));
+    let (ia, ib) = (blob_ino(&a.blob.digest), blob_ino(&b.blob.digest));
+    let table = Arc::new(BlobTable::default());
+    table.add(a).expect("add");
+    table.add(b).expect("add");
+    let fs = BlobFs::new(table, kit.fetcher.clone(), kit.metrics.clone(), None).expect("blobfs");
+    let (kernel, server) = pair();
+    let s = Session::start(
+        Arc::new(Channel::from_fd(server)),
+        Arc::new(fs),
+        2,
+        Options::default(),
+    )
+    .expect("session");
+    kit.faults
+        .inject(Fault::hang().key(&ka).ops(&[Op::GetRange]));
+    let t = Instant::now();
+    for i in 0..256u64 {
+        send(&kernel, op::READ, 100 + i, ia, &read_arg(i * 4096, 4096));
+    }
+    send(&kernel, op::READ, 1, ib, &read_arg(0, 4096));
+    let (h, body) = recv(&kernel);
+    assert_eq!(h.unique, 1, "the healthy blob's read is answered first");
+    assert_eq!(body, healthy);
+    assert!(t.elapsed() < deadline / 2, "{:?}", t.elapsed());
+    for _ in 0..256 {
+        let (h, _) = recv(&kernel);
+        assert_eq!(h.error, -libc::EIO, "read {}", h.unique);
+    }
+    let took = t.elapsed();
+    assert!(took >= deadline && took < deadline * 3, "{took:?}");
+    kit.faults.clear();
+    drop(kernel);
+    s.join();
+}

@@ -550,18 +550,5 @@ fn span(toc: &Toc, claimed: &[usize]) -> std::ops::Range<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn read_ahead_window_moves_once_per_chunk_and_restarts() {
-        // First sequential step into chunk 1 of 100 (nothing read ahead yet): chunks 2..10.
-        assert_eq!(ahead_from(0, 1, 10), 2);
-        // Into chunk 2: only chunk 10 is new.
-        assert_eq!(ahead_from(10, 2, 11), 10);
-        // A second pass from the start after the first ran to the end: the whole window again.
-        assert_eq!(ahead_from(100, 1, 10), 2);
-        // Near the end of the blob the window is cut short.
-        assert_eq!(ahead_from(100, 99, 100), 100);
-    }
-}
+#[path = "fetch_tests.rs"]
+mod tests;

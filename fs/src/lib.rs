@@ -19,4 +19,6 @@ pub mod mount;
 pub mod sandboxes;
 pub mod slowread;
 pub mod state;
+#[cfg(test)]
+mod testkit;
 pub mod warming;

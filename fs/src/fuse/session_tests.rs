@@ -1,14 +1,13 @@
 //! The request loop over a socket pair standing in for `/dev/fuse` (a `SOCK_SEQPACKET` pair keeps
 //! message boundaries as the device does): no root, no kernel FUSE.
 
-use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
-use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 use zerocopy::FromBytes;
 
 use super::*;
-use crate::fuse::proto::{AttrOut, EntryOut, InHeader, InitIn, InitOut, OutHeader, ReadIn};
+use crate::fuse::proto::{AttrOut, EntryOut, InitIn, InitOut};
+use crate::testkit::{pair, read_arg, recv, send};
 
 /// Answers lookups of "f" (node 5) and reads with the offset's low byte repeated; holds read replies
 /// of node 6 for the test to answer later.
@@ -47,47 +46,6 @@ impl Filesystem for Fake {
     fn readdir(&self, _ino: u64) -> Result<Vec<(u64, u32, Vec<u8>)>, Errno> {
         Ok(vec![(5, proto::DT_REG, b"f".to_vec())])
     }
-}
-
-fn pair() -> (OwnedFd, OwnedFd) {
-    socketpair(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .expect("socketpair")
-}
-
-fn send(kernel: &OwnedFd, opcode: u32, unique: u64, nodeid: u64, arg: &[u8]) {
-    let h = InHeader {
-        len: (40 + arg.len()) as u32,
-        opcode,
-        unique,
-        nodeid,
-        ..Default::default()
-    };
-    let mut m = h.as_bytes().to_vec();
-    m.extend_from_slice(arg);
-    rustix::io::write(kernel, &m).expect("write request");
-}
-
-fn recv(kernel: &OwnedFd) -> (OutHeader, Vec<u8>) {
-    let mut b = vec![0u8; 1 << 20];
-    let n = rustix::io::read(kernel, &mut b).expect("read reply");
-    let (h, rest) = OutHeader::read_from_prefix(&b[..n]).expect("header");
-    assert_eq!(h.len as usize, n, "reply length");
-    (h, rest.to_vec())
-}
-
-fn read_arg(offset: u64, size: u32) -> Vec<u8> {
-    ReadIn {
-        offset,
-        size,
-        ..Default::default()
-    }
-    .as_bytes()
-    .to_vec()
 }
 
 #[test]

@@ -1,0 +1,161 @@
+//! Test support: blobs made in memory and a fetcher over the fault-injecting store, so the data path is
+//! tested without root, a kernel mount or a network.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+use zerocopy::{FromBytes, IntoBytes};
+
+use strata_registry::digest::Digest;
+use strata_registry::model::BlobRef;
+use strata_registry::store::{key, FaultyStore, MemoryStore, PutMode, Store, StoreBackend};
+use strata_registry::toc::{compress, ChunkEntry, Frame, Toc, BLOCK_SIZE};
+
+use crate::cache::ChunkCache;
+use crate::fetch::{BlobHandle, Fetcher};
+use crate::fuse::proto::{InHeader, OutHeader, ReadIn};
+use crate::metrics::Metrics;
+
+/// A fetcher over a faulty in-memory store holding blobs made by [`Kit::blob`].
+pub struct Kit {
+    pub mem: Arc<MemoryStore>,
+    pub faults: Arc<FaultyStore>,
+    pub store: Arc<Store>,
+    pub fetcher: Arc<Fetcher>,
+    pub metrics: Arc<Metrics>,
+    _cache_dir: tempfile::TempDir,
+}
+
+impl Kit {
+    /// A kit whose reads wait at most `deadline`.
+    pub fn new(deadline: Duration) -> Kit {
+        let mem = Arc::new(MemoryStore::new());
+        let faults = Arc::new(FaultyStore::new(mem.clone()));
+        faults.set_hang_limit(Duration::from_secs(20));
+        let mut store = Store::with_backend(faults.clone());
+        store.range_deadline = deadline;
+        let store = Arc::new(store);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = ChunkCache::open(dir.path(), 1 << 30).expect("cache");
+        let metrics = Arc::new(Metrics::default());
+        // Fetching only the chunk asked for keeps request counts exact.
+        let fetcher = Arc::new(Fetcher::new(
+            store.clone(),
+            cache,
+            metrics.clone(),
+            1,
+            deadline,
+        ));
+        Kit {
+            mem,
+            faults,
+            store,
+            fetcher,
+            metrics,
+            _cache_dir: dir,
+        }
+    }
+
+    /// Stores a blob of `chunks` (each compressed on its own) and opens it; returns it and its key.
+    pub fn blob(&self, chunks: &[Vec<u8>]) -> (BlobHandle, String) {
+        let (mut obj, mut toc) = (Vec::new(), Toc::default());
+        let mut block = 0u64;
+        for (i, c) in chunks.iter().enumerate() {
+            let z = compress(c, 3);
+            toc.frames.push(Frame {
+                offset: obj.len() as u64,
+                compressed: z.len() as u32,
+                uncompressed: c.len() as u32,
+            });
+            toc.chunks.push(ChunkEntry {
+                block: block as u32,
+                len: c.len() as u32,
+                frame: i as u32,
+                frame_offset: 0,
+                digest: Digest::of(c),
+            });
+            block += (c.len() as u64).div_ceil(BLOCK_SIZE);
+            obj.extend_from_slice(&z);
+        }
+        toc.view_blocks = block;
+        let t = toc.encode();
+        let toc_offset = obj.len() as u64;
+        obj.extend_from_slice(&t);
+        let r = BlobRef {
+            digest: Digest::of(&obj),
+            size: obj.len() as u64,
+            view_size: block * BLOCK_SIZE,
+            toc_offset,
+            toc_len: t.len() as u64,
+            toc_digest: Digest::of(&t),
+            chunks: chunks.len() as u64,
+        };
+        let k = key::blob(&r.digest);
+        self.mem
+            .put(&k, obj.into(), PutMode::Overwrite)
+            .expect("put blob");
+        let h = BlobHandle::open(&self.store, &r).expect("open blob");
+        (h, k)
+    }
+}
+
+/// `n` bytes of a repeatable pattern that compresses poorly.
+pub fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A `SOCK_SEQPACKET` pair standing in for `/dev/fuse` (it keeps message boundaries as the device does):
+/// (the kernel's end, the server's end).
+pub fn pair() -> (OwnedFd, OwnedFd) {
+    socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .expect("socketpair")
+}
+
+/// Sends a request as the kernel would.
+pub fn send(kernel: &OwnedFd, opcode: u32, unique: u64, nodeid: u64, arg: &[u8]) {
+    let h = InHeader {
+        len: (40 + arg.len()) as u32,
+        opcode,
+        unique,
+        nodeid,
+        ..Default::default()
+    };
+    let mut m = h.as_bytes().to_vec();
+    m.extend_from_slice(arg);
+    rustix::io::write(kernel, &m).expect("write request");
+}
+
+/// Receives one reply as the kernel would.
+pub fn recv(kernel: &OwnedFd) -> (OutHeader, Vec<u8>) {
+    let mut b = vec![0u8; 1 << 20];
+    let n = rustix::io::read(kernel, &mut b).expect("read reply");
+    let (h, rest) = OutHeader::read_from_prefix(&b[..n]).expect("header");
+    assert_eq!(h.len as usize, n, "reply length");
+    (h, rest.to_vec())
+}
+
+/// A `READ` argument.
+pub fn read_arg(offset: u64, size: u32) -> Vec<u8> {
+    ReadIn {
+        offset,
+        size,
+        ..Default::default()
+    }
+    .as_bytes()
+    .to_vec()
+}
