@@ -290,3 +290,137 @@ fn after_the_whole_node_dies_stratad_restarts_and_lists_what_was_left() {
     let _ = busy.wait();
     assert!(d.stop().is_empty());
 }
+
+/// systemd's side of `Type=notify` with a file-descriptor store, played by the test: a datagram socket
+/// that keeps the descriptors stratad parks in it, and a restart that passes them back (`LISTEN_FDS`).
+struct FakeSystemd {
+    sock: std::os::unix::net::UnixDatagram,
+    path: PathBuf,
+    store: Vec<(String, std::os::fd::OwnedFd)>,
+}
+
+impl FakeSystemd {
+    fn new(dir: &std::path::Path) -> FakeSystemd {
+        let path = dir.join("notify.sock");
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("notify socket");
+        sock.set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        FakeSystemd {
+            sock,
+            path,
+            store: Vec::new(),
+        }
+    }
+
+    /// Receives notifications until `READY=1`, keeping stored descriptors.
+    fn wait_ready(&mut self) {
+        use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        loop {
+            let mut buf = [0u8; 4096];
+            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+            let r = recvmsg(&self.sock, &mut iov, &mut control, RecvFlags::empty())
+                .expect("notification");
+            let text = String::from_utf8_lossy(&buf[..r.bytes]).to_string();
+            let mut fds = Vec::new();
+            for m in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(f) = m {
+                    fds.extend(f);
+                }
+            }
+            if text.contains("FDSTORE=1") {
+                let name = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("FDNAME="))
+                    .unwrap_or("stored")
+                    .to_string();
+                for fd in fds {
+                    self.store.push((name.clone(), fd));
+                }
+            }
+            if text.contains("READY=1") {
+                return;
+            }
+        }
+    }
+
+    /// Starts stratad as the unit would: the stored descriptors at 3, 4, ... named in LISTEN_FDNAMES.
+    fn start(&self, d: &Daemon) -> std::process::Child {
+        use std::os::fd::AsRawFd;
+        let mut redirect = String::new();
+        for (i, (_, fd)) in self.store.iter().enumerate() {
+            rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()).expect("inheritable");
+            redirect.push_str(&format!("{}<&{} ", 3 + i, fd.as_raw_fd()));
+        }
+        let names: Vec<&str> = self.store.iter().map(|(n, _)| n.as_str()).collect();
+        let args: Vec<String> = d
+            .command(&[])
+            .get_args()
+            .map(|a| format!("'{}'", a.to_string_lossy()))
+            .collect();
+        let script = format!(
+            "exec {redirect}; LISTEN_PID=$$ LISTEN_FDS={} LISTEN_FDNAMES={} exec '{}' {}",
+            self.store.len(),
+            names.join(":"),
+            d.bin.display(),
+            args.join(" ")
+        );
+        let mut c = std::process::Command::new("sh");
+        c.arg("-c").arg(script).env("NOTIFY_SOCKET", &self.path);
+        for (k, v) in &d.store.env {
+            c.env(k, v);
+        }
+        c.env("STRATA_LOG", "warn").spawn().expect("start stratad")
+    }
+}
+
+#[test]
+fn under_systemd_the_connection_waits_in_the_fd_store_across_a_crash() {
+    if !can_mount() {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let files = Arc::new(build_tree_image(&store, "tree:v1", 8));
+    // A Daemon value for its directories and commands; the process is started as systemd would.
+    let mut d = Daemon::start(&store, &[]);
+    d.stop();
+    let mut sd = FakeSystemd::new(d.state.path());
+    let mut first = d.command(&[]);
+    first.env("NOTIFY_SOCKET", &sd.path);
+    let mut p1 = first.spawn().expect("stratad under systemd");
+    sd.wait_ready();
+    let mut names: Vec<&str> = sd.store.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["api", "fuse"], "descriptors parked in the store");
+    let r = PathBuf::from(d.ok(&["mount", "tree:v1", "--sandbox", "a"]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new(Counts::default());
+    let readers = start_readers(&[r.clone()], &files, &stop, &counts);
+    std::thread::sleep(Duration::from_millis(300));
+    drop_caches();
+    let _ = p1.kill();
+    let _ = p1.wait();
+    // systemd's Restart=always: the stored descriptors come back.
+    let mut p2 = sd.start(&d);
+    sd.wait_ready();
+    std::thread::sleep(Duration::from_millis(500));
+    drop_caches();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    for t in readers {
+        t.join().expect("reader");
+    }
+    let status = json(&d.ok(&["daemon", "status"]));
+    assert_eq!(status["pid"].as_u64(), Some(u64::from(p2.id())), "{status}");
+    assert_eq!(status["adopted"], true);
+    assert_eq!(counts.failed.load(Ordering::Relaxed), 0);
+    assert_eq!(counts.wrong.load(Ordering::Relaxed), 0);
+    assert!(counts.reads.load(Ordering::Relaxed) > 8);
+    // A stop as systemd does it (SIGTERM) hands over; tear the node down for the test's sake.
+    let _ = p2.kill();
+    let _ = p2.wait();
+    drop(sd);
+    strata_fs::daemon::cleanup_mounts(&d.runtime);
+}

@@ -290,6 +290,13 @@ fn serve_for_systemd(config: Config) -> Result<()> {
         status: json!({"mode": "systemd"}),
     };
     api_thread(&daemon, listener, hooks);
+    // Ready only once the control socket answers.
+    let client = strata_fs::api::Client {
+        socket: daemon.config.runtime_dir.join("stratad.sock"),
+    };
+    client
+        .call("GET", "/v1/status", None)
+        .context("control socket does not answer")?;
     systemd::notify(&format!("READY=1\nMAINPID={}", std::process::id()), &[])?;
     tracing::info!(
         pid = std::process::id(),
