@@ -397,7 +397,7 @@ fn under_systemd_the_connection_waits_in_the_fd_store_across_a_crash() {
     let r = PathBuf::from(d.ok(&["mount", "tree:v1", "--sandbox", "a"]));
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Counts::default());
-    let readers = start_readers(&[r.clone()], &files, &stop, &counts);
+    let readers = start_readers(std::slice::from_ref(&r), &files, &stop, &counts);
     std::thread::sleep(Duration::from_millis(300));
     drop_caches();
     let _ = p1.kill();
