@@ -51,7 +51,15 @@ class Daemon:
 
     @property
     def pid(self):
+        """The process this helper started: the descriptor holder (stratad's default mode), which keeps
+        the FUSE connection and control socket and runs the server."""
         return self.p.pid
+
+    @property
+    def server_pid(self):
+        """The process serving the FUSE connection now (`pid` of `GET /v1/status`): the holder's child,
+        replaced by a successor after a kill or an upgrade."""
+        return self.call("GET", "/v1/status")["pid"]
 
     def call(self, method, path, body=None):
         return call(self.sock, method, path, body)
