@@ -261,10 +261,23 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, ClientError> {
+        self.call_within(method, path, body, None)
+    }
+
+    /// [`Client::call`] that gives up waiting for the reply after `timeout`.
+    pub fn call_within(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Option<Duration>,
+    ) -> Result<Value, ClientError> {
         let mut s = UnixStream::connect(&self.socket).map_err(|source| ClientError::Connect {
             socket: self.socket.clone(),
             source,
         })?;
+        s.set_read_timeout(timeout)
+            .map_err(|e| ClientError::Reply(e.to_string()))?;
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let req = format!(
             "{method} {path} HTTP/1.1\r\nHost: stratad\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

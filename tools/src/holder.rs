@@ -127,6 +127,28 @@ fn stop(child: &mut Child, sig: Signal, wait: Duration) {
     let _ = child.wait();
 }
 
+/// Waits until the first server answers on the control socket. A server that exits before (a bad
+/// configuration, an unreachable store URL) ends the holder with an error rather than a restart loop.
+fn first_ready(server: &mut Child, socket: &Path) -> Result<()> {
+    let client = strata_fs::api::Client {
+        socket: socket.to_path_buf(),
+    };
+    let start = Instant::now();
+    loop {
+        if let Some(status) = server.try_wait()? {
+            bail!("the stratad server exited while starting ({status}); see its error above");
+        }
+        let probe = Some(Duration::from_millis(500));
+        if client.call_within("GET", "/v1/status", None, probe).is_ok() {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(600) {
+            bail!("the stratad server did not answer within 10 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Runs the holder until SIGTERM or SIGINT. `args` are stratad's own arguments, given to each server.
 pub fn hold(config: &Config, args: Vec<OsString>) -> Result<()> {
     let set = signals::block(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD]);
@@ -148,6 +170,11 @@ pub fn hold(config: &Config, args: Vec<OsString>) -> Result<()> {
     // Resolved now: an upgrade installs the new binary at this path.
     let exe: PathBuf = std::env::current_exe().context("stratad's own path")?;
     let mut server = spawn(&exe, &args, &env)?;
+    if let Err(e) = first_ready(&mut server, &socket) {
+        strata_fs::daemon::cleanup_mounts(&config.runtime_dir);
+        let _ = std::fs::remove_file(&socket);
+        return Err(e);
+    }
     let mut started = Instant::now();
     let mut quick_deaths = 0u32;
     tracing::info!(
