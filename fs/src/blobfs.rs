@@ -336,10 +336,7 @@ impl Filesystem for BlobFs {
                         Ok(buf)
                     }
                     Err(e) => Err(SlowError {
-                        unavailable: matches!(
-                            e,
-                            FetchError::Timeout { .. } | FetchError::Store { .. }
-                        ),
+                        unavailable: matches!(e, FetchError::Timeout { .. }),
                         errno: errno(&e, &metrics),
                     }),
                 }

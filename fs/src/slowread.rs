@@ -13,9 +13,9 @@
 //! a fetch (which ends by itself later, under the store's own timeout, and then finds its read answered).
 //! Each read is answered exactly once: whoever takes its [`Reply`] first answers.
 //!
-//! **Failing fast for a moment.** When a read of a blob misses its deadline or its store fails, reads
-//! of that blob that need the network fail at once for the next [`FAIL_FAST`] (cached data is still
-//! served: those reads never come here). The kernel answers a failed readahead by reading the page
+//! **Failing fast for a moment.** When a read of a blob misses its deadline, reads of that blob that
+//! need the network fail at once for the next [`FAIL_FAST`] (cached data is still served: those reads
+//! never come here; a store that fails quickly, e.g. refuses connections, is simply asked again). The kernel answers a failed readahead by reading the page
 //! again synchronously, so without this one `read(2)` would wait twice the deadline.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -28,11 +28,11 @@ use rustix::io::Errno;
 
 use crate::fuse::session::Reply;
 
-/// How long reads of a blob fail at once after one of its reads timed out or its store failed.
+/// How long reads of a blob fail at once after one of its reads timed out.
 pub const FAIL_FAST: Duration = Duration::from_secs(1);
 
-/// A slow read's failure: the errno, and whether the blob's store is unavailable (a timeout or a store
-/// error, as opposed to, say, corrupt data).
+/// A slow read's failure: the errno, and whether the blob's store is unavailable (it timed out, as
+/// opposed to, say, corrupt data or a refused connection).
 pub struct SlowError {
     pub errno: Errno,
     pub unavailable: bool,

@@ -345,14 +345,12 @@ impl FakeSystemd {
         }
     }
 
-    /// Starts stratad as the unit would: the stored descriptors at 3, 4, ... named in LISTEN_FDNAMES.
+    /// Starts stratad as the unit would: the stored descriptors at 3, 4, ... named in LISTEN_FDNAMES,
+    /// LISTEN_PID its own pid (a shell that execs stratad keeps its pid).
     fn start(&self, d: &Daemon) -> std::process::Child {
         use std::os::fd::AsRawFd;
-        let mut redirect = String::new();
-        for (i, (_, fd)) in self.store.iter().enumerate() {
-            rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()).expect("inheritable");
-            redirect.push_str(&format!("{}<&{} ", 3 + i, fd.as_raw_fd()));
-        }
+        use std::os::unix::process::CommandExt;
+        let raw: Vec<i32> = self.store.iter().map(|(_, fd)| fd.as_raw_fd()).collect();
         let names: Vec<&str> = self.store.iter().map(|(n, _)| n.as_str()).collect();
         let args: Vec<String> = d
             .command(&[])
@@ -360,8 +358,8 @@ impl FakeSystemd {
             .map(|a| format!("'{}'", a.to_string_lossy()))
             .collect();
         let script = format!(
-            "exec {redirect}; LISTEN_PID=$$ LISTEN_FDS={} LISTEN_FDNAMES={} exec '{}' {}",
-            self.store.len(),
+            "LISTEN_PID=$$ LISTEN_FDS={} LISTEN_FDNAMES={} exec '{}' {}",
+            raw.len(),
             names.join(":"),
             d.bin.display(),
             args.join(" ")
@@ -370,6 +368,23 @@ impl FakeSystemd {
         c.arg("-c").arg(script).env("NOTIFY_SOCKET", &self.path);
         for (k, v) in &d.store.env {
             c.env(k, v);
+        }
+        // SAFETY: between fork and exec only dup2 runs (async-signal-safe), on descriptors this process
+        // owns; the copies at 3, 4, ... are not close-on-exec.
+        unsafe {
+            c.pre_exec(move || {
+                // Out of the way first, so that placing one cannot overwrite another.
+                let mut high = [0i32; 8];
+                for (i, fd) in raw.iter().enumerate().take(8) {
+                    high[i] = libc::fcntl(*fd, libc::F_DUPFD, 100);
+                }
+                for (i, fd) in high.iter().enumerate().take(raw.len().min(8)) {
+                    if *fd < 0 || libc::dup2(*fd, 3 + i as i32) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
         }
         c.env("STRATA_LOG", "warn").spawn().expect("start stratad")
     }
