@@ -204,11 +204,6 @@ pub struct Hooks {
     pub status: Value,
 }
 
-/// Serves the API on `socket` until the process exits.
-pub fn serve(d: Arc<Daemon>, socket: &Path, group: Option<u32>) -> std::io::Result<()> {
-    serve_listener(d, bind(socket, group)?, Arc::new(Hooks::default()))
-}
-
 /// Serves the API on a bound listener (possibly inherited: connections made while no server ran wait
 /// in its backlog) until the process exits.
 pub fn serve_listener(

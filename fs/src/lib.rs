@@ -2,10 +2,13 @@
 //!
 //! Kernel mode, as `../shared/DESIGN.md` describes it: the [`daemon`] fetches each layer's metadata to
 //! local disk and mounts it as kernel EROFS ([`mount`]) whose devices are files of the daemon's own FUSE
-//! blob server ([`blobfs`]); a read of a blob file is served from the chunk [`cache`] or by the
-//! [`fetch`]er, verified. Each sandbox gets an overlay of its image's layers. [`warming`] fetches an
-//! image's prefetch plan in the background when it is mounted. [`api`] is the control socket, [`metrics`]
-//! what it exports.
+//! blob server ([`blobfs`], over strata's own FUSE request loop, [`fuse`]); a read of a blob file is
+//! served from the chunk [`cache`] on a FUSE worker, or, when it must fetch, by the [`fetch`]er on the
+//! blob's own threads ([`slowread`]) under a deadline — verified either way. Each sandbox gets an overlay
+//! of its image's layers ([`sandboxes`]). The node's state ([`state`]) is on disk, so a successor
+//! serving the same FUSE connection — or a daemon restarted after the node died — knows every sandbox.
+//! [`warming`] fetches an image's prefetch plan in the background when it is mounted. [`api`] is the
+//! control socket, [`metrics`] what it exports.
 
 pub mod api;
 pub mod blobfs;
