@@ -272,6 +272,33 @@ mod tests {
     }
 
     #[test]
+    fn any_bytes_parse_or_fail_without_panicking() {
+        let good = request(op::READ, ReadIn::default().as_bytes());
+        for n in 0..=good.len() {
+            if let Ok(r) = Request::parse(&good[..n]) {
+                let _ = r.arg::<ReadIn>();
+                let _ = r.name();
+            }
+        }
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..2000 {
+            let len = (x % 200) as usize;
+            let junk: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            if let Ok(r) = Request::parse(&junk) {
+                assert!(r.arg.len() + 40 <= junk.len());
+                let _ = (r.arg::<InitIn>(), r.arg::<ReadIn>(), r.name());
+            }
+        }
+    }
+
+    #[test]
     fn names_stop_at_nul_and_dirents_are_padded() {
         let buf = request(op::LOOKUP, b"blobs\0");
         assert_eq!(Request::parse(&buf).expect("parse").name(), b"blobs");
