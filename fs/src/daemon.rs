@@ -225,6 +225,7 @@ impl Daemon {
         ] {
             std::fs::create_dir_all(&d).map_err(|e| io(&d, e))?;
         }
+        crate::perms::secure(&config)?;
         cleanup_mounts(&config.runtime_dir);
         let mut store = Store::open(&config.store)?;
         let deadline = Duration::from_secs_f64(config.read_timeout_secs.max(0.1));

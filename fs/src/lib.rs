@@ -15,4 +15,5 @@ pub mod fetch;
 pub mod metadir;
 pub mod metrics;
 pub mod mount;
+pub mod perms;
 pub mod warming;
