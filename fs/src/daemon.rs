@@ -22,6 +22,7 @@ use strata_registry::digest::Digest;
 use strata_registry::model::{Manifest, Reference};
 use strata_registry::store::{Store, StoreError};
 
+use crate::api::ErrorKind;
 use crate::blobfs::{self, BlobFs, BlobTable};
 use crate::cache::ChunkCache;
 use crate::fetch::{BlobHandle, Fetcher};
@@ -136,6 +137,24 @@ impl DaemonError {
             DaemonError::Store(StoreError::Model(_)) => 400,
             DaemonError::Store(StoreError::Backend { .. } | StoreError::Timeout { .. }) => 502,
             _ => 500,
+        }
+    }
+
+    /// What kind of failure this is, for clients: the control API's `kind`, `strata`'s exit code.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            DaemonError::NoSandbox(_) => ErrorKind::NotFound,
+            DaemonError::SandboxExists(_) => ErrorKind::Conflict,
+            DaemonError::Invalid(_) => ErrorKind::Invalid,
+            DaemonError::Store(e) if e.is_not_found() => ErrorKind::NotFound,
+            DaemonError::Store(e) => match e {
+                StoreError::Model(_) | StoreError::BadUrl { .. } => ErrorKind::Invalid,
+                StoreError::TagConflict { .. } => ErrorKind::Conflict,
+                StoreError::Corrupt { .. } | StoreError::Malformed { .. } => ErrorKind::Corrupt,
+                StoreError::Backend { .. } | StoreError::Timeout { .. } => ErrorKind::Store,
+                _ => ErrorKind::Internal,
+            },
+            _ => ErrorKind::Internal,
         }
     }
 }
