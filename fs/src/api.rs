@@ -132,6 +132,7 @@ fn handle(d: &Daemon, req: Request) -> (u16, &'static str, Vec<u8>) {
         .split('&')
         .any(|kv| matches!(kv, "purge" | "purge=1" | "purge=true"));
     match (req.method.as_str(), segs.as_slice()) {
+        ("GET", ["healthz"]) => (200, "text/plain", b"ok\n".to_vec()),
         ("GET", ["metrics"]) => (
             200,
             "text/plain; version=0.0.4",

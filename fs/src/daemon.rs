@@ -42,11 +42,13 @@ pub struct Config {
     /// Mount points and the control socket.
     pub runtime_dir: PathBuf,
     /// Chunk cache bound in bytes.
+    #[serde(deserialize_with = "crate::size::deserialize")]
     pub cache_size: u64,
     /// A read that cannot complete within this many seconds fails with EIO.
     pub read_timeout_secs: f64,
     /// Largest compressed span a miss fetches (its chunk, then the missing chunks after it, in a
     /// parallel request). `None`: [`default_fetch_span`] for the store.
+    #[serde(deserialize_with = "crate::size::deserialize_opt")]
     pub max_fetch_span: Option<u64>,
     /// FUSE worker threads.
     pub fuse_threads: usize,
@@ -58,8 +60,10 @@ pub struct Config {
     /// network, where each costs a round trip).
     pub prefetch_threads: Option<usize>,
     /// Prefetch bandwidth cap in bytes per second (0: none).
+    #[serde(deserialize_with = "crate::size::deserialize")]
     pub prefetch_rate: u64,
     /// Bound of the metadata kept on disk for layers no longer mounted (least recently used go first).
+    #[serde(deserialize_with = "crate::size::deserialize")]
     pub metadata_cache_size: u64,
     /// Record the chunks read in this many seconds after a sandbox of an image without a prefetch plan
     /// is requested, and store them as its plan (0: never). Needs write access to the store.

@@ -16,4 +16,5 @@ pub mod metadir;
 pub mod metrics;
 pub mod mount;
 pub mod perms;
+pub mod size;
 pub mod warming;

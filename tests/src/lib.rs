@@ -600,7 +600,7 @@ impl Daemon {
         let _ = std::fs::remove_file(&self.socket);
         let mut c = Command::new(stratad_bin());
         c.arg("--config")
-            .arg("/nonexistent")
+            .arg("/dev/null")
             .arg("--store")
             .arg(&self.store.url)
             .arg("--state-dir")
