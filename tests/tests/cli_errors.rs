@@ -62,6 +62,26 @@ fn daemon_errors_map_to_the_documented_exit_codes() {
     ];
     assert_eq!(code(&d, &bundle, "a"), 4);
     d.ok(&["umount", "--sandbox", "a", "--purge"]);
+    // Several sandboxes in one call: a rootfs a line, in order; --upper goes with one sandbox only.
+    let out = d.ok(&["mount", "ok:v1", "--sandbox", "m1", "--sandbox", "m2"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].ends_with("m1/rootfs") && lines[1].ends_with("m2/rootfs"),
+        "{out}"
+    );
+    assert!(Path::new(lines[1]).join("data/x.bin").exists());
+    let two = [
+        "mount",
+        "ok:v1",
+        "--sandbox",
+        "m3",
+        "--sandbox",
+        "m4",
+        "--upper",
+        "/tmp/u",
+    ];
+    assert_eq!(code(&d, &two, "--upper"), 2);
 }
 
 #[test]
