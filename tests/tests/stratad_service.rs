@@ -22,7 +22,7 @@ fn healthz_answers_and_logs_have_no_colour_codes_off_a_terminal() {
     let sdir = scratch("store");
     let state = scratch("state");
     let run = state.path().join("run");
-    let child = std::process::Command::new(stratad_bin())
+    let mut child = std::process::Command::new(stratad_bin())
         .args(["--config", "/dev/null", "--store"])
         .arg(format!("file://{}", sdir.path().display()))
         .arg("--state-dir")
@@ -38,18 +38,20 @@ fn healthz_answers_and_logs_have_no_colour_codes_off_a_terminal() {
         socket: socket.clone(),
     };
     let start = std::time::Instant::now();
-    let health = loop {
-        match client.call("GET", "/healthz", None) {
-            Ok(v) => break v,
-            Err(e) if start.elapsed().as_secs() > 30 => panic!("stratad did not answer: {e}"),
-            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
-        }
-    };
-    assert_eq!(health.as_str().map(str::trim), Some("ok"));
+    while !socket.exists() && start.elapsed().as_secs() < 30 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The socket file appears at bind, just before the daemon listens.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let health = client.call("GET", "/healthz", None);
+    // Stopped before any assertion, so that a failure leaves no daemon or mount behind.
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = child.wait_with_output().expect("wait");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().expect("stderr"), &mut err).expect("read");
+    child.wait().expect("wait");
+    let health = health.expect("GET /healthz");
+    assert_eq!(health.as_str().map(str::trim), Some("ok"));
     assert!(err.contains("stratad ready"), "{err}");
     assert!(
         !err.contains('\x1b'),
