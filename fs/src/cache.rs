@@ -534,10 +534,11 @@ impl ChunkCache {
         size: u64,
     ) -> Option<Arc<[u8]>> {
         let file = file?;
-        let mut b = vec![0u8; usize::try_from(size).ok()?];
-        file.read_exact_at(&mut b, offset).ok()?;
+        // Read straight into the shared allocation (a `Vec` turned into an `Arc<[u8]>` is copied).
+        let mut b: Arc<[u8]> = std::iter::repeat_n(0u8, usize::try_from(size).ok()?).collect();
+        file.read_exact_at(Arc::get_mut(&mut b)?, offset).ok()?;
         self.stats.checked.fetch_add(1, Ordering::Relaxed);
-        d.matches(&b).then(|| Arc::from(b))
+        d.matches(&b).then_some(b)
     }
 
     /// After the check of chunk `d` (read from `place`, a segment and offset): keeps its verified copy,

@@ -317,3 +317,66 @@ fn the_old_layout_is_cleared() {
     assert!(c.is_empty());
     assert!(files(dir.path()).is_empty());
 }
+
+/// The cost of checking chunks read from disk, on a sequential read of 128 KiB requests (as the FUSE
+/// blob server gets them) over 256 MiB of 1 MiB chunks — more than the verified copies in memory hold, so
+/// every chunk is read from its segment (page cache) and hashed once: before (a `pread` per request,
+/// unchecked, as the cache served before checking on every read) and after. Run with
+/// `cargo test -p strata-fs --release verify_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn verify_cost() {
+    const CHUNK: usize = 1 << 20;
+    const REQ: usize = 128 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let c = ChunkCache::open(dir.path(), 1 << 30).unwrap();
+    let chunks: Vec<Digest> = (0..256u32)
+        .map(|i| {
+            let b: Vec<u8> = (0..CHUNK)
+                .map(|j| (j as u32 ^ i.wrapping_mul(2654435761)) as u8)
+                .collect();
+            let d = Digest::of(&b);
+            c.insert(&d, &b).unwrap();
+            d
+        })
+        .collect();
+    let places: Vec<(Arc<File>, u64)> = {
+        let st = c.lock();
+        chunks
+            .iter()
+            .map(|d| {
+                let e = &st.entries[d];
+                (st.segments[&e.seg].data.clone(), e.offset)
+            })
+            .collect()
+    };
+    let mut buf = vec![0u8; REQ];
+    let mb = (chunks.len() * CHUNK) as f64 / (1 << 20) as f64;
+    for round in 0..3 {
+        let t = std::time::Instant::now();
+        for (file, offset) in &places {
+            for r in (0..CHUNK).step_by(REQ) {
+                file.read_exact_at(&mut buf, offset + r as u64).unwrap();
+            }
+        }
+        let before = mb / t.elapsed().as_secs_f64();
+        let t = std::time::Instant::now();
+        for d in &chunks {
+            for r in (0..CHUNK).step_by(REQ) {
+                c.get(d).unwrap().read_at(&mut buf, r as u64).unwrap();
+            }
+        }
+        let after = mb / t.elapsed().as_secs_f64();
+        let copy = c.get(&chunks[0]).unwrap().bytes().clone();
+        let t = std::time::Instant::now();
+        for _ in 0..64 {
+            assert!(chunks[0].matches(&copy));
+        }
+        let hash = 64.0 / t.elapsed().as_secs_f64();
+        eprintln!(
+            "round {round}: unchecked pread {before:.0} MiB/s, checked get+read_at {after:.0} MiB/s, \
+             BLAKE3 alone {hash:.0} MiB/s, checks {}",
+            c.stats.checked.load(Ordering::Relaxed)
+        );
+    }
+}
