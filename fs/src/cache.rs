@@ -23,8 +23,12 @@
 //! requests into one 1 MiB chunk thus cost one read and one hash of the chunk, then seven memory copies;
 //! concurrent readers of a chunk that is not in memory wait for one check (single flight) instead of
 //! each hashing it. Chunks just inserted go into that LRU too (their bytes are at hand), so the readers
-//! that waited for a fetch pay no hash either. A reader holds its chunk's bytes, not a place on disk, so
-//! eviction never disturbs a read in progress.
+//! that waited for a fetch pay no hash either. And the hash is kept off a sequential reader's path: the
+//! fetcher's read-ahead ([`ChunkCache::advise`], the next chunks of a blob being read in order) hands the
+//! chunks it names to a checking thread, which reads and checks them into memory before the reader gets
+//! there (measured on a warm 1 GiB sequential read: checking on the reader's path cost 14–25 % of the
+//! throughput, checking ahead about nothing; BENCHMARKS.md). A reader holds its chunk's bytes, not a place
+//! on disk, so eviction never disturbs a read in progress.
 //!
 //! **Bounded.** Inserting past the capacity evicts the least recently used chunks. An evicted chunk's
 //! blocks are freed at once (`fallocate` punching a hole; on a filesystem without holes the space comes
@@ -38,12 +42,28 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use strata_registry::digest::Digest;
 
 /// Largest segment file (a chunk larger than this gets a segment of its own).
 pub const SEGMENT_BYTES: u64 = 256 << 20;
+
+/// Chunks waiting for the checking thread at most (see [`ChunkCache::advise`]).
+const AHEAD_QUEUE: usize = 64;
+
+/// The checking thread: checks the chunks readers are approaching, until the cache is dropped.
+fn check_ahead(cache: &Weak<ChunkCache>, queue: &Receiver<Digest>) {
+    for d in queue {
+        let Some(c) = cache.upgrade() else {
+            return;
+        };
+        if !c.lock().hot.contains_key(&d) {
+            c.get(&d);
+        }
+    }
+}
 
 /// Largest memory for verified chunks (see the module documentation).
 pub const VERIFIED_BYTES: u64 = 64 << 20;
@@ -137,6 +157,8 @@ pub struct ChunkCache {
     segment_bytes: u64,
     /// Bound of the verified copies kept in memory.
     verified_bytes: u64,
+    /// Chunks to check ahead of a sequential reader, for the checking thread (see [`ChunkCache::advise`]).
+    ahead: SyncSender<Digest>,
     state: Mutex<State>,
     pub stats: CacheStats,
 }
@@ -310,14 +332,21 @@ impl ChunkCache {
                 let _ = std::fs::remove_file(f.path());
             }
         }
+        let (ahead, queue) = sync_channel(AHEAD_QUEUE);
         let cache = Arc::new(ChunkCache {
             dir: dir.to_path_buf(),
             capacity,
             segment_bytes,
             verified_bytes,
+            ahead,
             state: Mutex::new(st),
             stats: CacheStats::default(),
         });
+        let weak = Arc::downgrade(&cache);
+        std::thread::Builder::new()
+            .name("strata-cache-check".into())
+            .spawn(move || check_ahead(&weak, &queue))
+            .map_err(|e| io(dir, e))?;
         {
             let mut st = cache.lock();
             cache.evict(&mut st, capacity);
@@ -457,12 +486,14 @@ impl ChunkCache {
         }
     }
 
-    /// Asks the kernel to start reading chunk `d` from disk into the page cache, if it is cached; does
-    /// not wait for the disk.
+    /// Chunk `d` is likely to be read soon (a sequential reader is approaching it): if it is cached but
+    /// not among the verified copies in memory, asks the kernel to start reading it from disk and has the
+    /// checking thread read and check it, so that the reader finds it verified instead of waiting for the
+    /// hash. Does not wait; a hint only (dropped when the checking thread is behind).
     pub fn advise(&self, d: &Digest) {
         let (file, offset, size) = {
             let st = self.lock();
-            let Some(e) = st.entries.get(d) else {
+            let Some(e) = st.entries.get(d).filter(|_| !st.hot.contains_key(d)) else {
                 return;
             };
             let Some(s) = st.segments.get(&e.seg) else {
@@ -479,6 +510,7 @@ impl ChunkCache {
                 libc::POSIX_FADV_WILLNEED,
             );
         }
+        let _ = self.ahead.try_send(*d);
     }
 
     /// The chunk's bytes, checked against `d`, if cached. A chunk that is not among the verified copies

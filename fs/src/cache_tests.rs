@@ -117,6 +117,35 @@ fn concurrent_readers_of_a_chunk_check_it_once() {
 }
 
 #[test]
+fn advised_chunks_are_checked_ahead_of_their_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, b) = chunk(3, 1 << 20);
+    {
+        let c = ChunkCache::open(dir.path(), 64 << 20).unwrap();
+        c.insert(&d, &b).unwrap();
+    }
+    let c = ChunkCache::open(dir.path(), 64 << 20).unwrap();
+    c.advise(&d);
+    let start = std::time::Instant::now();
+    while c.stats.checked.load(Ordering::Relaxed) == 0 {
+        assert!(
+            start.elapsed().as_secs() < 10,
+            "the advised chunk was not checked"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // The reader finds it checked: no second read and hash.
+    let mut buf = vec![0u8; 4096];
+    c.get(&d).unwrap().read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, b[..4096]);
+    assert_eq!(c.stats.checked.load(Ordering::Relaxed), 1);
+    // A chunk in memory already is not checked again.
+    c.advise(&d);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(c.stats.checked.load(Ordering::Relaxed), 1);
+}
+
+#[test]
 fn files_are_the_daemons_only() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
