@@ -94,16 +94,20 @@ fn a_byte_flipped_on_disk_while_open_is_never_served() {
     assert_eq!(c.stats.checked.load(Ordering::Relaxed), 1);
 }
 
+/// A cache in `dir` holding `b` on disk only (inserted, then the cache reopened: nothing in memory).
+fn on_disk_only(dir: &Path, d: &Digest, b: &[u8]) -> Arc<ChunkCache> {
+    ChunkCache::open(dir, 64 << 20)
+        .unwrap()
+        .insert(d, b)
+        .unwrap();
+    ChunkCache::open(dir, 64 << 20).unwrap()
+}
+
 #[test]
 fn concurrent_readers_of_a_chunk_check_it_once() {
     let dir = tempfile::tempdir().unwrap();
     let (d, b) = chunk(7, 4 << 20);
-    {
-        let c = ChunkCache::open(dir.path(), 64 << 20).unwrap();
-        c.insert(&d, &b).unwrap();
-    }
-    // After a restart the chunk is on disk only.
-    let c = ChunkCache::open(dir.path(), 64 << 20).unwrap();
+    let c = on_disk_only(dir.path(), &d, &b);
     std::thread::scope(|s| {
         for _ in 0..8 {
             s.spawn(|| {
@@ -120,11 +124,7 @@ fn concurrent_readers_of_a_chunk_check_it_once() {
 fn advised_chunks_are_checked_ahead_of_their_reader() {
     let dir = tempfile::tempdir().unwrap();
     let (d, b) = chunk(3, 1 << 20);
-    {
-        let c = ChunkCache::open(dir.path(), 64 << 20).unwrap();
-        c.insert(&d, &b).unwrap();
-    }
-    let c = ChunkCache::open(dir.path(), 64 << 20).unwrap();
+    let c = on_disk_only(dir.path(), &d, &b);
     c.advise(&d);
     let start = std::time::Instant::now();
     while c.stats.checked.load(Ordering::Relaxed) == 0 {
