@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Density benchmark: sandboxes created through stratad as fast as they can be asked for, against bare
-overlay mounts of the same layer measured in the same run; then N sandboxes held at once (RSS of stratad's
-server and of its descriptor holder, and kernel slab memory per sandbox).
+"""Density benchmark: sandboxes created through stratad as fast as they can be asked for — through the
+control socket and through the CLI (`strata mount`, a process per sandbox), in the same run — against bare
+overlay mounts of the same layer; then N sandboxes held at once (RSS of stratad's server and of its
+descriptor holder, and kernel slab memory per sandbox). The CLI's floor, a process started and waited for
+(`/bin/true`), is measured alongside.
 
 usage: sudo benches/density.py [--create 1000] [--hold 10000] [--dir /var/tmp]
 Needs the release build ($CARGO_TARGET_DIR/release/{strata,stratad}) and busybox-static.
@@ -54,6 +56,27 @@ def main():
         layer = call("GET", "/v1/status")["layers"][0]["path"]
         for i in range(a.create):
             call("DELETE", f"/v1/sandboxes/c{i}")
+        # Through the CLI: one `strata mount` process per sandbox, as a node agent shelling out would.
+        cli = [BIN["strata"], "--socket", d.sock, "mount", "density:v1", "--sandbox"]
+        t = time.time()
+        for i in range(a.create):
+            subprocess.run(cli + [f"k{i}"], check=True, stdout=subprocess.DEVNULL)
+        dt_cli = time.time() - t
+        rows.append(("strata mount (a process per sandbox), sequential", a.create / dt_cli))
+        for i in range(a.create):
+            call("DELETE", f"/v1/sandboxes/k{i}")
+        # A burst through the CLI: 100 sandboxes per `strata mount` call.
+        t = time.time()
+        for b in range(0, a.create, 100):
+            ids = [x for i in range(b, min(b + 100, a.create)) for x in ("--sandbox", f"b{i}")]
+            subprocess.run(cli[:-1] + ids, check=True, stdout=subprocess.DEVNULL)
+        rows.append(("strata mount, 100 sandboxes per call", a.create / (time.time() - t)))
+        for i in range(a.create):
+            call("DELETE", f"/v1/sandboxes/b{i}")
+        t = time.time()
+        for i in range(a.create):
+            subprocess.run(["/bin/true"], check=True)
+        rows.append(("/bin/true (a process started and waited for)", a.create / (time.time() - t)))
         # Bare overlay mounts of the same layer, same run.
         base = f"{work}/bare"
         t = time.time()
@@ -77,7 +100,12 @@ def main():
         dt_hold = time.time() - t
         slab1, rss1, hrss1 = meminfo("Slab"), rss(server), rss(d.pid)
         print(f"| sandboxes created through stratad | {rows[0][1]:.0f}/s |")
-        print(f"| bare overlay mounts (mount(8) per mount) | {rows[1][1]:.0f}/s |")
+        print(f"| sandboxes created through the CLI (strata mount) | {rows[1][1]:.0f}/s "
+              f"({rows[0][1] / rows[1][1]:.2f}x the socket's time per sandbox) |")
+        print(f"| sandboxes created through the CLI, 100 per `strata mount` | {rows[2][1]:.0f}/s "
+              f"({rows[0][1] / rows[2][1]:.2f}x) |")
+        print(f"| processes started and waited for (/bin/true), the CLI's floor | {rows[3][1]:.0f}/s |")
+        print(f"| bare overlay mounts (mount(8) per mount) | {rows[4][1]:.0f}/s |")
         print(f"| {a.hold} sandboxes held: creation | {a.hold / dt_hold:.0f}/s |")
         print(f"| {a.hold} sandboxes held: stratad server RSS | {rss1 / 2**20:.1f} MiB (was {rss0 / 2**20:.1f} MiB) |")
         print(f"| {a.hold} sandboxes held: stratad holder RSS | {hrss1 / 2**20:.1f} MiB (was {hrss0 / 2**20:.1f} MiB) |")

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::daemon::{Daemon, DaemonError};
@@ -76,8 +77,48 @@ fn respond(stream: &mut UnixStream, status: u16, content_type: &str, body: &[u8]
     let _ = stream.write_all(body);
 }
 
+/// What kind of failure an error reply reports (its `"kind"`): what a client decides on without parsing
+/// the message. `strata` maps it to its exit code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// A bad request: an invalid sandbox id, image reference or body.
+    Invalid,
+    /// No such sandbox, image, tag or route.
+    NotFound,
+    /// The request collides with the node's state: a sandbox id in use, a trace already running.
+    Conflict,
+    /// The store holds data that fails its digest or does not parse.
+    Corrupt,
+    /// The store is unreachable or failing.
+    Store,
+    /// The sandbox's state forbids it: an id with a stopped sandbox's leftovers (resume or discard
+    /// them), a resume of another image, processes still in a rootfs, a sandbox not running.
+    Sandbox,
+    /// Anything else (a mount the kernel refused, a local disk error).
+    Internal,
+}
+
+impl ErrorKind {
+    /// The kind of an error reply without one (from a daemon older than `kind`): from its status.
+    pub fn from_status(status: u16) -> ErrorKind {
+        match status {
+            400 => ErrorKind::Invalid,
+            404 => ErrorKind::NotFound,
+            409 => ErrorKind::Conflict,
+            502 => ErrorKind::Store,
+            _ => ErrorKind::Internal,
+        }
+    }
+}
+
+/// An error reply: its status and JSON body.
+fn failure(status: u16, kind: ErrorKind, message: &str) -> (u16, Value) {
+    (status, json!({"error": message, "kind": kind}))
+}
+
 fn error_json(e: &DaemonError) -> (u16, Value) {
-    (e.status(), json!({"error": e.to_string()}))
+    failure(e.status(), e.kind(), &e.to_string())
 }
 
 fn sandbox_json(d: &Daemon, s: &crate::daemon::Sandbox) -> Value {
@@ -102,6 +143,7 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
     };
     let (purge, force) = (flag("purge"), flag("force"));
     match (req.method.as_str(), segs.as_slice()) {
+        ("GET", ["healthz"]) => (200, "text/plain", b"ok\n".to_vec()),
         ("GET", ["metrics"]) => (
             200,
             "text/plain; version=0.0.4",
@@ -135,10 +177,13 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
         ("POST", ["v1", "sandboxes"]) => {
             let body: Value = match serde_json::from_slice(&req.body) {
                 Ok(v) => v,
-                Err(e) => return json_reply((400, json!({"error": format!("bad JSON: {e}")}))),
+                Err(e) => {
+                    return json_reply(failure(400, ErrorKind::Invalid, &format!("bad JSON: {e}")))
+                }
             };
             let (Some(image), Some(id)) = (body["image"].as_str(), body["id"].as_str()) else {
-                return json_reply((400, json!({"error": "need \"image\" and \"id\""})));
+                let need = "need \"image\" and \"id\"";
+                return json_reply(failure(400, ErrorKind::Invalid, need));
             };
             let dir = body["dir"].as_str().map(PathBuf::from);
             let reuse = match body.get("reuse") {
@@ -160,7 +205,7 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
         }
         ("POST", ["v1", "trace", "start"]) => json_reply(match d.trace_start() {
             true => (200, json!({"tracing": true})),
-            false => (409, json!({"error": "a trace is already running"})),
+            false => failure(409, ErrorKind::Conflict, "a trace is already running"),
         }),
         ("POST", ["v1", "trace", "stop"]) => json_reply((200, json!({"entries": d.trace_stop()}))),
         ("DELETE", ["v1", "sandboxes", id]) => {
@@ -173,9 +218,10 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
                 Err(e) => error_json(&e),
             })
         }
-        _ => json_reply((
+        _ => json_reply(failure(
             404,
-            json!({"error": format!("no route {} {}", req.method, req.path)}),
+            ErrorKind::NotFound,
+            &format!("no route {} {}", req.method, req.path),
         )),
     }
 }
@@ -238,7 +284,11 @@ pub enum ClientError {
         source: std::io::Error,
     },
     #[error("stratad: {message}")]
-    Api { status: u16, message: String },
+    Api {
+        status: u16,
+        kind: ErrorKind,
+        message: String,
+    },
     #[error("stratad sent a bad reply: {0}")]
     Reply(String),
 }
@@ -297,7 +347,13 @@ impl Client {
             let message = v["error"]
                 .as_str()
                 .map_or_else(|| body.to_string(), str::to_string);
-            return Err(ClientError::Api { status, message });
+            let kind = serde_json::from_value(v["kind"].clone())
+                .unwrap_or_else(|_| ErrorKind::from_status(status));
+            return Err(ClientError::Api {
+                status,
+                kind,
+                message,
+            });
         }
         Ok(v)
     }

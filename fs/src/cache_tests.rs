@@ -17,28 +17,157 @@ fn files(dir: &Path) -> Vec<String> {
 }
 
 #[test]
-fn bounded_lru_never_evicts_pinned() {
+fn bounded_lru_and_readers_keep_their_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let c = ChunkCache::open(dir.path(), 3000).unwrap();
     let (d1, b1) = chunk(1, 1000);
     let (d2, b2) = chunk(2, 1000);
     let (d3, b3) = chunk(3, 1000);
     let (d4, b4) = chunk(4, 1000);
+    let (d5, b5) = chunk(5, 1000);
     c.insert(&d1, &b1).unwrap();
     c.insert(&d2, &b2).unwrap();
     c.insert(&d3, &b3).unwrap();
-    let pinned = c.get(&d1).unwrap(); // d1 most recent and pinned
+    let reading = c.get(&d1).unwrap(); // d1 most recent
     c.insert(&d4, &b4).unwrap(); // evicts d2 (least recent)
     assert!(c.contains(&d1) && !c.contains(&d2) && c.contains(&d3) && c.contains(&d4));
     assert!(c.used() <= 3000);
+    c.insert(&d5, &b5).unwrap(); // evicts d3
+    c.get(&d4).unwrap();
+    c.insert(&d2, &b2).unwrap(); // evicts d1, which is being read
+    assert!(!c.contains(&d1));
     let mut buf = [0u8; 10];
-    pinned.read_at(&mut buf, 990).unwrap();
-    assert_eq!(buf, [1u8; 10]);
+    reading.read_at(&mut buf, 990).unwrap();
+    assert_eq!(buf, [1u8; 10], "an eviction changed a read in progress");
     assert!(
-        pinned.read_at(&mut buf, 995).is_err(),
+        reading.read_at(&mut buf, 995).is_err(),
         "read past the chunk"
     );
-    drop(pinned);
+}
+
+/// Flips one byte of a cache file at `at`.
+fn flip(path: &Path, at: u64) {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x40], at).unwrap();
+}
+
+#[test]
+fn a_byte_flipped_on_disk_while_open_is_never_served() {
+    let dir = tempfile::tempdir().unwrap();
+    // No verified copies in memory: every get reads the segment.
+    let c = ChunkCache::open_with(dir.path(), 1 << 20, SEGMENT_BYTES, 0).unwrap();
+    let (d1, b1) = chunk(1, 10_000);
+    let (d2, b2) = chunk(2, 10_000);
+    c.insert(&d1, &b1).unwrap();
+    c.insert(&d2, &b2).unwrap();
+    let mut buf = vec![0u8; 10_000];
+    c.get(&d2).unwrap().read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, b2);
+    // The second chunk starts at 12 KiB; flip its last byte, after it was read once.
+    flip(&dir.path().join("seg-0"), 12_288 + 9_999);
+    assert!(c.get(&d2).is_none(), "a flipped chunk was served");
+    assert!(!c.contains(&d2), "a flipped chunk stayed cached");
+    assert_eq!(c.stats.rejected.load(Ordering::Relaxed), 1);
+    // Its neighbour is intact; the chunk can be cached again (a refetch) and is served from its new place.
+    c.get(&d1).unwrap().read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, b1);
+    c.insert(&d2, &b2).unwrap();
+    c.get(&d2).unwrap().read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, b2);
+
+    // With verified copies in memory: a copy is served as it was verified; once it leaves memory the
+    // disk is checked again.
+    let dir = tempfile::tempdir().unwrap();
+    let c = ChunkCache::open_with(dir.path(), 1 << 20, SEGMENT_BYTES, 10_000).unwrap();
+    c.insert(&d1, &b1).unwrap();
+    flip(&dir.path().join("seg-0"), 5);
+    c.get(&d1).unwrap().read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, b1, "the verified copy");
+    c.insert(&d2, &b2).unwrap(); // pushes d1's copy out of memory
+    assert!(c.get(&d1).is_none(), "a flipped chunk was served");
+    assert_eq!(c.stats.checked.load(Ordering::Relaxed), 1);
+}
+
+/// A cache in `dir` holding `b` on disk only (inserted, then the cache reopened: nothing in memory).
+fn on_disk_only(dir: &Path, d: &Digest, b: &[u8]) -> Arc<ChunkCache> {
+    ChunkCache::open(dir, 64 << 20)
+        .unwrap()
+        .insert(d, b)
+        .unwrap();
+    ChunkCache::open(dir, 64 << 20).unwrap()
+}
+
+#[test]
+fn concurrent_readers_of_a_chunk_check_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, b) = chunk(7, 4 << 20);
+    let c = on_disk_only(dir.path(), &d, &b);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                let mut buf = vec![0u8; 4096];
+                c.get(&d).unwrap().read_at(&mut buf, 1 << 20).unwrap();
+                assert_eq!(buf, b[1 << 20..(1 << 20) + 4096]);
+            });
+        }
+    });
+    assert_eq!(c.stats.checked.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn advised_chunks_are_checked_ahead_of_their_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, b) = chunk(3, 1 << 20);
+    let c = on_disk_only(dir.path(), &d, &b);
+    c.advise(&d);
+    let start = std::time::Instant::now();
+    while c.stats.checked.load(Ordering::Relaxed) == 0 {
+        assert!(
+            start.elapsed().as_secs() < 10,
+            "the advised chunk was not checked"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // The reader finds it checked: no second read and hash.
+    let mut buf = vec![0u8; 4096];
+    c.get(&d).unwrap().read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, b[..4096]);
+    assert_eq!(c.stats.checked.load(Ordering::Relaxed), 1);
+    // A chunk in memory already is not checked again.
+    c.advise(&d);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(c.stats.checked.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn files_are_the_daemons_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let c = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+    let (d, b) = chunk(1, 100);
+    c.insert(&d, &b).unwrap();
+    drop(c);
+    let mode = |n: &str| {
+        std::fs::metadata(dir.path().join(n))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!((mode("seg-0"), mode("seg-0.idx")), (0o600, 0o600));
+    // An older daemon's world-readable files are fixed when the cache opens.
+    for n in ["seg-0", "seg-0.idx"] {
+        std::fs::set_permissions(dir.path().join(n), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+    }
+    let _c = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+    assert_eq!((mode("seg-0"), mode("seg-0.idx")), (0o600, 0o600));
 }
 
 #[test]
@@ -215,4 +344,67 @@ fn the_old_layout_is_cleared() {
     let c = ChunkCache::open(dir.path(), 1000).unwrap();
     assert!(c.is_empty());
     assert!(files(dir.path()).is_empty());
+}
+
+/// The cost of checking chunks read from disk, on a sequential read of 128 KiB requests (as the FUSE
+/// blob server gets them) over 256 MiB of 1 MiB chunks — more than the verified copies in memory hold, so
+/// every chunk is read from its segment (page cache) and hashed once: before (a `pread` per request,
+/// unchecked, as the cache served before checking on every read) and after. Run with
+/// `cargo test -p strata-fs --release verify_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn verify_cost() {
+    const CHUNK: usize = 1 << 20;
+    const REQ: usize = 128 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let c = ChunkCache::open(dir.path(), 1 << 30).unwrap();
+    let chunks: Vec<Digest> = (0..256u32)
+        .map(|i| {
+            let b: Vec<u8> = (0..CHUNK)
+                .map(|j| (j as u32 ^ i.wrapping_mul(2654435761)) as u8)
+                .collect();
+            let d = Digest::of(&b);
+            c.insert(&d, &b).unwrap();
+            d
+        })
+        .collect();
+    let places: Vec<(Arc<File>, u64)> = {
+        let st = c.lock();
+        chunks
+            .iter()
+            .map(|d| {
+                let e = &st.entries[d];
+                (st.segments[&e.seg].data.clone(), e.offset)
+            })
+            .collect()
+    };
+    let mut buf = vec![0u8; REQ];
+    let mb = (chunks.len() * CHUNK) as f64 / (1 << 20) as f64;
+    for round in 0..3 {
+        let t = std::time::Instant::now();
+        for (file, offset) in &places {
+            for r in (0..CHUNK).step_by(REQ) {
+                file.read_exact_at(&mut buf, offset + r as u64).unwrap();
+            }
+        }
+        let before = mb / t.elapsed().as_secs_f64();
+        let t = std::time::Instant::now();
+        for d in &chunks {
+            for r in (0..CHUNK).step_by(REQ) {
+                c.get(d).unwrap().read_at(&mut buf, r as u64).unwrap();
+            }
+        }
+        let after = mb / t.elapsed().as_secs_f64();
+        let copy = c.get(&chunks[0]).unwrap().bytes().clone();
+        let t = std::time::Instant::now();
+        for _ in 0..64 {
+            assert!(chunks[0].matches(&copy));
+        }
+        let hash = 64.0 / t.elapsed().as_secs_f64();
+        eprintln!(
+            "round {round}: unchecked pread {before:.0} MiB/s, checked get+read_at {after:.0} MiB/s, \
+             BLAKE3 alone {hash:.0} MiB/s, checks {}",
+            c.stats.checked.load(Ordering::Relaxed)
+        );
+    }
 }

@@ -33,6 +33,7 @@ use strata_registry::digest::Digest;
 use strata_registry::model::{Manifest, Reference};
 use strata_registry::store::{Store, StoreError};
 
+use crate::api::ErrorKind;
 use crate::blobfs::{BlobFs, BlobTable, InoCollision};
 use crate::cache::ChunkCache;
 use crate::fetch::{BlobHandle, Fetcher};
@@ -57,11 +58,13 @@ pub struct Config {
     /// Mount points and the control socket.
     pub runtime_dir: PathBuf,
     /// Chunk cache bound in bytes.
+    #[serde(deserialize_with = "crate::size::deserialize")]
     pub cache_size: u64,
     /// A read that cannot complete within this many seconds fails with EIO.
     pub read_timeout_secs: f64,
     /// Largest compressed span a miss fetches (its chunk, then the missing chunks after it, in a
     /// parallel request). `None`: [`default_fetch_span`] for the store.
+    #[serde(deserialize_with = "crate::size::deserialize_opt")]
     pub max_fetch_span: Option<u64>,
     /// FUSE worker threads.
     pub fuse_threads: usize,
@@ -73,8 +76,10 @@ pub struct Config {
     /// network, where each costs a round trip).
     pub prefetch_threads: Option<usize>,
     /// Prefetch bandwidth cap in bytes per second (0: none).
+    #[serde(deserialize_with = "crate::size::deserialize")]
     pub prefetch_rate: u64,
     /// Bound of the metadata kept on disk for layers no longer mounted (least recently used go first).
+    #[serde(deserialize_with = "crate::size::deserialize")]
     pub metadata_cache_size: u64,
     /// Record the chunks read in this many seconds after a sandbox of an image without a prefetch plan
     /// is requested, and store them as its plan (0: never). Needs write access to the store.
@@ -186,6 +191,28 @@ impl DaemonError {
             _ => 500,
         }
     }
+
+    /// What kind of failure this is, for clients: the control API's `kind`, `strata`'s exit code.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            DaemonError::NoSandbox(_) => ErrorKind::NotFound,
+            DaemonError::SandboxExists(_) => ErrorKind::Conflict,
+            DaemonError::Leftover { .. }
+            | DaemonError::OtherImage { .. }
+            | DaemonError::Busy { .. }
+            | DaemonError::NotRunning(_) => ErrorKind::Sandbox,
+            DaemonError::Invalid(_) => ErrorKind::Invalid,
+            DaemonError::Store(e) if e.is_not_found() => ErrorKind::NotFound,
+            DaemonError::Store(e) => match e {
+                StoreError::Model(_) | StoreError::BadUrl { .. } => ErrorKind::Invalid,
+                StoreError::TagConflict { .. } => ErrorKind::Conflict,
+                StoreError::Corrupt { .. } | StoreError::Malformed { .. } => ErrorKind::Corrupt,
+                StoreError::Backend { .. } | StoreError::Timeout { .. } => ErrorKind::Store,
+                _ => ErrorKind::Internal,
+            },
+            _ => ErrorKind::Internal,
+        }
+    }
 }
 
 fn io(path: &Path, source: std::io::Error) -> DaemonError {
@@ -273,6 +300,7 @@ pub fn mount_fresh(config: &Config) -> Result<Channel, DaemonError> {
     ] {
         std::fs::create_dir_all(&d).map_err(|e| io(&d, e))?;
     }
+    crate::perms::secure(config)?;
     let fuse_dir = config.runtime_dir.join("fuse");
     Channel::mount(&fuse_dir, config.group.is_some()).map_err(|e| io(&fuse_dir, e))
 }

@@ -19,7 +19,9 @@ pub mod fuse;
 pub mod metadir;
 pub mod metrics;
 pub mod mount;
+pub mod perms;
 pub mod sandboxes;
+pub mod size;
 pub mod slowread;
 pub mod state;
 #[cfg(test)]

@@ -669,7 +669,7 @@ impl Daemon {
     pub fn command(&self, extra: &[&str]) -> Command {
         let mut c = Command::new(&self.bin);
         c.arg("--config")
-            .arg("/nonexistent")
+            .arg("/dev/null")
             .arg("--store")
             .arg(&self.store.url)
             .arg("--state-dir")
@@ -840,6 +840,29 @@ pub fn busybox_rootfs(root: &Path) {
     }
     std::fs::write(root.join("etc/os-release"), "ID=strata-test\n").expect("write");
     std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").expect("write");
+}
+
+/// Builds image `tag` in `store`: a busybox rootfs with `files` in `/data`.
+pub fn build_image(store: &StoreEnv, tag: &str, files: &[(&str, Vec<u8>)]) {
+    let src = scratch("img");
+    busybox_rootfs(src.path());
+    for (name, data) in files {
+        std::fs::write(src.path().join("data").join(name), data).expect("write");
+    }
+    store.ok(&["build", src.path().to_str().expect("utf8"), "-t", tag]);
+}
+
+/// Runs `cmd` as uid and gid 65534 (nobody, nogroup); true if it succeeded.
+pub fn as_nobody(cmd: &[&str]) -> bool {
+    std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(cmd)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("setpriv (util-linux)")
+        .success()
 }
 
 /// Runs a command inside `rootfs` with bubblewrap; returns its output.

@@ -8,15 +8,6 @@ use std::time::{Duration, Instant};
 use strata_tests::proxy::Proxy;
 use strata_tests::*;
 
-fn build_image(store: &StoreEnv, tag: &str, files: &[(&str, Vec<u8>)]) {
-    let src = scratch("img");
-    busybox_rootfs(src.path());
-    for (name, data) in files {
-        std::fs::write(src.path().join("data").join(name), data).expect("write");
-    }
-    store.ok(&["build", src.path().to_str().expect("utf8"), "-t", tag]);
-}
-
 #[test]
 fn sandboxes_share_layers_and_run_bwrap_and_runc() {
     if !have(&[Need::Mount, Need::Bwrap, Need::Runc]) {
@@ -394,19 +385,6 @@ fn layer_metadata_of_released_layers_is_trimmed_to_its_bound() {
         Path::new(&r).join("data/x.bin").exists(),
         "remount after trim"
     );
-}
-
-/// Runs `cmd` as uid and gid 65534 (nobody, nogroup); true if it succeeded.
-fn as_nobody(cmd: &[&str]) -> bool {
-    std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .args(cmd)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("setpriv (util-linux)")
-        .success()
 }
 
 #[test]

@@ -52,11 +52,12 @@ pub enum Cmd {
     },
     /// Print a file of an image's merged view, fetching only the chunks it needs.
     Cat { reference: String, path: String },
-    /// Mount an image for a sandbox through stratad; prints the rootfs path.
+    /// Mount an image for a sandbox through stratad; prints the rootfs path. Several --sandbox create
+    /// several sandboxes of the image in one call (a burst at the control socket's rate), one line each.
     Mount {
         image: String,
-        #[arg(long)]
-        sandbox: String,
+        #[arg(long, required = true)]
+        sandbox: Vec<String>,
         /// Directory for the sandbox's upper and work directories (default: in stratad's state).
         #[arg(long)]
         upper: Option<PathBuf>,
@@ -152,27 +153,12 @@ pub fn run_pack_diff(cli: PackDiffCli) -> Result<()> {
     snapshot::pack_diff(&store, &cli.socket, cli.args)
 }
 
-/// Runs a parsed command line.
+/// Runs a parsed command line. Commands that only talk to stratad (`mount`, `umount`, `ps`) open no
+/// store: opening one builds an async runtime (threads started, then joined at exit) and creates a local
+/// store's directory, which cost `strata mount` more than its request to the daemon.
 pub fn run(cli: Cli) -> Result<()> {
-    let store = Store::open(&cli.store).with_context(|| format!("opening store {}", cli.store))?;
-    match cli.cmd {
-        Cmd::Build(a) => layers::build(&store, a),
-        Cmd::Compose(a) => images::compose(&store, a),
-        Cmd::Tag(a) => images::tag(&store, a),
-        Cmd::Images { json } => images::list(&store, json),
-        Cmd::Inspect { reference, json } => images::inspect(&store, &reference, json),
-        Cmd::Ls {
-            reference,
-            path,
-            json,
-        } => view::ls(&store, &reference, &path, json),
-        Cmd::Cat { reference, path } => view::cat(&store, &reference, &path),
-        Cmd::Import(a) => import::import(&store, a),
-        Cmd::Materialize { layer, dir } => layers::materialize(&store, &layer, &dir),
-        Cmd::PackDiff(a) => snapshot::pack_diff(&store, &cli.socket, a),
-        Cmd::Flatten(a) => snapshot::flatten(&store, a),
-        Cmd::Trace(a) => trace::trace(&store, &cli.socket, a),
-        Cmd::Gc(a) => images::gc(&store, a),
+    let socket = &cli.socket;
+    let cmd = match cli.cmd {
         Cmd::Mount {
             image,
             sandbox,
@@ -186,25 +172,51 @@ pub fn run(cli: Cli) -> Result<()> {
                 (_, true) => "fresh",
                 _ => "refuse",
             };
-            node::mount(&cli.socket, &image, &sandbox, upper.as_deref(), reuse, json)
+            return node::mount(socket, &image, &sandbox, upper.as_deref(), reuse, json);
         }
         Cmd::Umount {
             sandbox,
             purge,
             force,
-        } => node::umount(&cli.socket, &sandbox, purge, force),
+        } => return node::umount(socket, &sandbox, purge, force),
         Cmd::Rm {
             sandboxes,
             stopped,
             force,
             json,
-        } => node::rm(&cli.socket, &sandboxes, stopped, force, json),
-        Cmd::Daemon(c) => node::daemon(&cli.socket, c),
-        Cmd::Ps { json } => node::ps(&cli.socket, json),
+        } => return node::rm(socket, &sandboxes, stopped, force, json),
+        Cmd::Daemon(c) => return node::daemon(socket, c),
+        Cmd::Ps { json } => return node::ps(socket, json),
+        cmd => cmd,
+    };
+    let store = Store::open(&cli.store).with_context(|| format!("opening store {}", cli.store))?;
+    match cmd {
+        Cmd::Build(a) => layers::build(&store, a),
+        Cmd::Compose(a) => images::compose(&store, a),
+        Cmd::Tag(a) => images::tag(&store, a),
+        Cmd::Images { json } => images::list(&store, json),
+        Cmd::Inspect { reference, json } => images::inspect(&store, &reference, json),
+        Cmd::Ls {
+            reference,
+            path,
+            json,
+        } => view::ls(&store, &reference, &path, json),
+        Cmd::Cat { reference, path } => view::cat(&store, &reference, &path),
+        Cmd::Import(a) => import::import(&store, a),
+        Cmd::Materialize { layer, dir } => layers::materialize(&store, &layer, &dir),
+        Cmd::PackDiff(a) => snapshot::pack_diff(&store, socket, a),
+        Cmd::Flatten(a) => snapshot::flatten(&store, a),
+        Cmd::Trace(a) => trace::trace(&store, socket, a),
+        Cmd::Gc(a) => images::gc(&store, a),
         Cmd::Bundle {
             image,
             sandbox,
             dir,
-        } => node::bundle(&store, &cli.socket, &image, &sandbox, &dir),
+        } => node::bundle(&store, socket, &image, &sandbox, &dir),
+        Cmd::Mount { .. }
+        | Cmd::Umount { .. }
+        | Cmd::Rm { .. }
+        | Cmd::Daemon(_)
+        | Cmd::Ps { .. } => Ok(()),
     }
 }

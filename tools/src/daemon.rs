@@ -8,9 +8,10 @@
 //! - **plain** (`--no-holder`): one process as before — SIGTERM and SIGINT tear the node down cleanly,
 //!   and sandboxes do not outlive it.
 
+use std::io::IsTerminal;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,16 +22,21 @@ use serde_json::json;
 use strata_fs::api::Hooks;
 use strata_fs::daemon::{Config, Daemon};
 use strata_fs::fuse::Channel;
+use strata_fs::size::parse_size;
 
 use crate::{holder, signals, systemd};
+
+/// The configuration file read when `--config` is not given (it may be missing).
+const DEFAULT_CONFIG: &str = "/etc/strata/stratad.toml";
 
 /// strata's node daemon: mounts images lazily and gives each sandbox an overlay rootfs.
 #[derive(Parser)]
 #[command(name = "stratad", version)]
 struct Args {
-    /// TOML configuration file (keys as in docs/DAEMON.md); flags override it.
-    #[arg(long, default_value = "/etc/strata/stratad.toml")]
-    config: PathBuf,
+    /// TOML configuration file (keys as in docs/DAEMON.md); flags override it. Default:
+    /// /etc/strata/stratad.toml, if it exists.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Store URL.
     #[arg(long, env = "STRATA_STORE")]
     store: Option<String>,
@@ -76,33 +82,19 @@ struct Args {
     no_holder: bool,
 }
 
-/// Parses sizes like `10G`, `512M`, `4096`.
-pub fn parse_size(s: &str) -> Result<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1u64 << 40,
-                _ => anyhow::bail!("size {s:?}: unknown unit (K, M, G, T)"),
-            };
-            (&s[..i], m)
-        }
-        _ => (s, 1),
-    };
-    let n: f64 = num.parse().with_context(|| format!("size {s:?}"))?;
-    Ok((n * mult as f64) as u64)
+/// The configuration in `path`; a missing file is an error unless it is the default one (`given` false).
+fn read_config(path: &Path, given: bool) -> Result<Config> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => toml::from_str(&text).with_context(|| format!("config {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !given => Ok(Config::default()),
+        Err(e) => Err(e).with_context(|| format!("config {}", path.display())),
+    }
 }
 
 fn load(args: &Args) -> Result<Config> {
-    let mut c: Config = match std::fs::read_to_string(&args.config) {
-        Ok(text) => {
-            toml::from_str(&text).with_context(|| format!("config {}", args.config.display()))?
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Config::default(),
-        Err(e) => return Err(e).with_context(|| format!("config {}", args.config.display())),
+    let mut c = match &args.config {
+        Some(path) => read_config(path, true)?,
+        None => read_config(Path::new(DEFAULT_CONFIG), false)?,
     };
     if let Some(s) = &args.store {
         c.store = s.clone();
@@ -174,6 +166,7 @@ fn init_logging(args: &Args) {
     } else {
         tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr)
             .init();
     }
@@ -332,5 +325,36 @@ pub fn main() {
     if let Err(e) = run() {
         eprintln!("stratad: error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_config_file_is_an_error_only_when_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.toml");
+        let e = read_config(&missing, true).unwrap_err();
+        assert!(format!("{e:#}").contains("nope.toml"), "{e:#}");
+        assert_eq!(read_config(&missing, false).unwrap().cache_size, 10 << 30);
+    }
+
+    #[test]
+    fn sizes_in_the_file_take_units_or_integers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stratad.toml");
+        let text = "cache_size = \"20G\"\nmax_fetch_span = \"4M\"\nprefetch_rate = 1048576\n\
+                    metadata_cache_size = \"1.5G\"\n";
+        std::fs::write(&path, text).unwrap();
+        let c = read_config(&path, true).unwrap();
+        assert_eq!(c.cache_size, 20 << 30);
+        assert_eq!(c.max_fetch_span, Some(4 << 20));
+        assert_eq!(c.prefetch_rate, 1 << 20);
+        assert_eq!(c.metadata_cache_size, 3 << 29);
+        std::fs::write(&path, "cache_size = \"lots\"\n").unwrap();
+        let e = read_config(&path, true).unwrap_err();
+        assert!(format!("{e:#}").contains("lots"), "{e:#}");
     }
 }

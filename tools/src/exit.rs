@@ -9,9 +9,14 @@
 //! | 4 | conflict (a tag changed concurrently) |
 //! | 5 | corrupt or malformed data (digest mismatch, bad metadata, bad tar, a broken OCI source) |
 //! | 6 | store unreachable or failing |
+//! | 7 | sandbox state: leftovers of a stopped sandbox, a resume of another image, processes in a rootfs |
+//!
+//! Errors stratad reports through its control API carry a kind (`api::ErrorKind`), mapped here too: a
+//! daemon-side failure gets the code the same failure gets locally.
 
 use strata_builder::oci::OciError;
 use strata_builder::BuildError;
+use strata_fs::api::{ClientError, ErrorKind};
 use strata_registry::model::ModelError;
 use strata_registry::store::StoreError;
 
@@ -48,6 +53,21 @@ fn oci_code(e: &OciError) -> i32 {
     }
 }
 
+fn daemon_code(e: &ClientError) -> i32 {
+    match e {
+        ClientError::Api { kind, .. } => match kind {
+            ErrorKind::Invalid => 2,
+            ErrorKind::NotFound => 3,
+            ErrorKind::Conflict => 4,
+            ErrorKind::Corrupt => 5,
+            ErrorKind::Store => 6,
+            ErrorKind::Sandbox => 7,
+            ErrorKind::Internal => 1,
+        },
+        ClientError::Connect { .. } | ClientError::Reply(_) => 1,
+    }
+}
+
 /// The exit status for an error.
 pub fn code(e: &anyhow::Error) -> i32 {
     for cause in e.chain() {
@@ -66,6 +86,9 @@ pub fn code(e: &anyhow::Error) -> i32 {
         }
         if let Some(o) = cause.downcast_ref::<OciError>() {
             return oci_code(o);
+        }
+        if let Some(c) = cause.downcast_ref::<ClientError>() {
+            return daemon_code(c);
         }
         if cause.downcast_ref::<ModelError>().is_some() || cause.downcast_ref::<Usage>().is_some() {
             return 2;

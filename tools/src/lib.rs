@@ -20,6 +20,8 @@ mod systemd;
 mod trace;
 mod view;
 
+use std::io::IsTerminal;
+
 use clap::Parser;
 
 fn init_logs() {
@@ -28,6 +30,7 @@ fn init_logs() {
             tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }

@@ -1,5 +1,6 @@
 //! Commands that talk to the node daemon: `mount`, `umount`, `ps`, `bundle`.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -8,6 +9,7 @@ use strata_fs::api::Client;
 use strata_registry::model::ImageConfig;
 use strata_registry::store::Store;
 
+use crate::exit::Usage;
 use crate::images::{human, resolve_image};
 
 /// Default control socket.
@@ -19,24 +21,35 @@ fn client(socket: &Path) -> Client {
     }
 }
 
-/// `strata mount`: prints the rootfs path.
+/// `strata mount`: creates a sandbox of `image` for each id, in order, and prints each rootfs path (or,
+/// with `json_out`, each sandbox as a JSON line). Stops at the first failure; the sandboxes created before
+/// it stay (and were printed).
 pub fn mount(
     socket: &Path,
     image: &str,
-    id: &str,
+    ids: &[String],
     upper: Option<&Path>,
     reuse: &str,
     json_out: bool,
 ) -> Result<()> {
-    let mut body = json!({"image": image, "id": id, "reuse": reuse});
-    if let Some(u) = upper {
-        body["dir"] = json!(std::path::absolute(u)?);
+    if upper.is_some() && ids.len() > 1 {
+        return Err(Usage(
+            "--upper takes one --sandbox (each sandbox needs its own directory)".into(),
+        )
+        .into());
     }
-    let v = client(socket).call("POST", "/v1/sandboxes", Some(&body))?;
-    if json_out {
-        println!("{v}");
-    } else {
-        println!("{}", v["rootfs"].as_str().unwrap_or_default());
+    let c = client(socket);
+    let mut out = std::io::stdout().lock();
+    for id in ids {
+        let mut body = json!({"image": image, "id": id, "reuse": reuse});
+        if let Some(u) = upper {
+            body["dir"] = json!(std::path::absolute(u)?);
+        }
+        let v = c.call("POST", "/v1/sandboxes", Some(&body))?;
+        match json_out {
+            true => writeln!(out, "{v}")?,
+            false => writeln!(out, "{}", v["rootfs"].as_str().unwrap_or_default())?,
+        }
     }
     Ok(())
 }
