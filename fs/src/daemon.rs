@@ -497,7 +497,22 @@ impl Daemon {
         let image = self.store.get_meta(digest)?;
         let got = t.elapsed();
         let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, &image).map_err(|e| io(&tmp, e))?;
+        {
+            // Root's only: layer metadata names every file of the image.
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(|e| io(&tmp, e))?;
+            f.write_all(&image).map_err(|e| io(&tmp, e))?;
+            // A temporary file a crash left keeps its mode: set it.
+            f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .map_err(|e| io(&tmp, e))?;
+        }
         std::fs::rename(&tmp, path).map_err(|e| io(path, e))?;
         tracing::debug!(meta = %digest, bytes = image.len(), fetch_ms = got.as_secs_f64() * 1e3,
             write_ms = (t.elapsed() - got).as_secs_f64() * 1e3, "layer metadata fetched");
@@ -617,13 +632,17 @@ impl Daemon {
              # HELP strata_layers_mounted Layers mounted on this node\n# TYPE strata_layers_mounted gauge\nstrata_layers_mounted {}\n\
              # HELP strata_sandboxes Sandboxes on this node\n# TYPE strata_sandboxes gauge\nstrata_sandboxes {}\n\
              # HELP strata_prefetch_chunks_total Chunks fetched by prefetch\n# TYPE strata_prefetch_chunks_total counter\nstrata_prefetch_chunks_total {}\n\
-             # HELP strata_prefetch_bytes_total Bytes fetched by prefetch\n# TYPE strata_prefetch_bytes_total counter\nstrata_prefetch_bytes_total {}\n",
+             # HELP strata_prefetch_bytes_total Bytes fetched by prefetch\n# TYPE strata_prefetch_bytes_total counter\nstrata_prefetch_bytes_total {}\n\
+             # HELP strata_cache_checked_total Cached chunks read from disk and checked against their digest\n# TYPE strata_cache_checked_total counter\nstrata_cache_checked_total {}\n\
+             # HELP strata_cache_rejected_total Cached chunks that failed that check (dropped, fetched again)\n# TYPE strata_cache_rejected_total counter\nstrata_cache_rejected_total {}\n",
             cache.used(),
             cache.capacity(),
             st.layers.len(),
             st.sandboxes.len(),
             prefetched.0,
-            prefetched.1
+            prefetched.1,
+            cache.stats.checked.load(std::sync::atomic::Ordering::Relaxed),
+            cache.stats.rejected.load(std::sync::atomic::Ordering::Relaxed),
         );
         drop(st);
         self.metrics.render(&extra)

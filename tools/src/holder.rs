@@ -180,7 +180,7 @@ pub fn hold(config: &Config, args: Vec<OsString>) -> Result<()> {
     tracing::info!(
         holder = std::process::id(),
         server = server.id(),
-        "stratad holder ready"
+        "stratad ready"
     );
     loop {
         match signals::wait(&set) {
