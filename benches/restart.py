@@ -5,6 +5,8 @@ connection) and when it is upgraded (`strata daemon upgrade`, the same binary in
 path by copy and rename just before).
 
 usage: sudo benches/restart.py [--runs N] [--sandboxes 1000] [--readers 20] [--kills 5] [--upgrades 3]
+                              [--pause 0.02] [--gap 8] [--warmup 15] [--drop-every 3] [--quiet-max 60]
+       sudo benches/restart.py --startup N [--sandboxes 1000]   (the successor's start alone, see startup())
 
 Each run: a fresh stratad (own state and runtime directories under /var/tmp/strata-bench-restart-*:
 empty chunk cache) on the fat image's local store (benches/make-fat.sh, built into the store the way
@@ -16,20 +18,26 @@ per round a few files it has never read (its own slice of the image: their chunk
 store, not the chunk cache), with PAUSE seconds between files. The page cache is dropped every DROP_EVERY
 seconds and 0.2 s before each event, so reads in flight at the event reach the daemon (chunk cache or
 store) and not only the page cache. After WARMUP seconds, KILLS `kill -9`s of the server and UPGRADES
-upgrades, interleaved, GAP to 1.5 GAP seconds apart (random moments).
+upgrades, interleaved, GAP to 1.5 GAP seconds apart (random moments), each after a second in which no
+process outside the benchmark used more than 10 % of a core (waiting up to QUIET_MAX s; what was busy is
+recorded with the event: the machine is shared).
 
-Per event: `ready_s`, from the kill (or the upgrade request) to the new server answering `GET /v1/status`
-with a new pid; the longest single file read (open + read + close) among the reads that overlap the
-window [event, ready + 2 s] (`stall_s`: nothing subtracted), the reads that failed and the wrong checksums
-in it. Outside every event's window [event - 0.5 s, ready + 2 s]: the median, p99 and longest read. Also
-per run: RSS and open descriptors of the holder and the server before the first event and after the last
-(leaks), the processes under the holder, mounts under the run's directory before and after teardown.
+Per event: `ready_s`, from the kill (or the start of `strata daemon upgrade`) to the new server answering
+`GET /v1/status` with a new pid (polled every 5 ms by this script); the longest single file read (open +
+read + close) among the reads that overlap the window [event, ready + 2 s] (`stall_s`: nothing
+subtracted), the reads that failed and the wrong checksums in it, the reads in flight at the event, the
+requests the kernel resent to the new server (`fuse.resent` of its status). Outside every event's window
+[event - 0.5 s, ready + 2 s], after the warm-up: the median, p99 and longest read. Also, before each event
+and at the end: RSS, open descriptors and threads of the holder and the server (leaks show as growth), the
+processes under the holder, mounts under the run's directory before and after teardown (SIGTERM to the
+holder).
 
 JSON lines (one per event, one per run, one summary) go to benches/results/restart-<stamp>.jsonl, the
 daemon's log (STRATA_LOG=info; colour codes removed and the per-sandbox lines counted, not kept) to
-benches/results/restart-<stamp>.log; a table is printed. Environment:
+benches/results/restart-<stamp>.log; a table is printed. The strata and stratad binaries are copied once
+at the start (a build in the shared target directory during the run changes nothing). Environment:
 BENCH_DATA (/var/tmp/strata-bench), CARGO_TARGET_DIR (/var/tmp/strata-target) for the release strata and
-stratad.
+stratad, QUIET_MAX.
 """
 import argparse, hashlib, json, multiprocessing, os, random, shutil, signal, statistics, stat, subprocess, sys
 import tempfile, threading, time
@@ -112,13 +120,57 @@ def children(pid):
     return out
 
 
-def fuse_waiting(fuse_mount):
-    """Requests the kernel has queued or sent on the blob server's FUSE connection and not seen answered
-    (`/sys/fs/fuse/connections/N/waiting`); None if unknown."""
-    try:
-        return int(open(f"/sys/fs/fuse/connections/{os.stat(fuse_mount).st_dev}/waiting").read())
-    except (OSError, ValueError):
-        return None
+def cpu_ticks():
+    """{pid: (comm, parent, utime + stime ticks)} of every process now."""
+    out = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            st = open(f"/proc/{p}/stat").read()
+        except OSError:
+            continue
+        f = st[st.rindex(")") + 2:].split()
+        out[int(p)] = (st[st.index("(") + 1:st.rindex(")")], int(f[1]), int(f[11]) + int(f[12]))
+    return out
+
+
+def foreign_busy(t0, t1, seconds):
+    """Processes outside this benchmark's own tree (this process, its readers, stratad, the CLI) that used
+    more than 10 % of a core between two `cpu_ticks` snapshots: [(comm, pid, % of a core)]. Kernel threads
+    are left out."""
+    me = os.getpid()
+
+    def mine(pid):
+        seen = 0
+        while pid > 1 and seen < 64:
+            if pid == me:
+                return True
+            pid = t1.get(pid, t0.get(pid, ("", 0, 0)))[1]
+            seen += 1
+        return False
+    hz = os.sysconf("SC_CLK_TCK")
+    out = []
+    for pid, (comm, parent, ticks) in t1.items():
+        if pid == 2 or parent == 2:
+            continue  # kernel threads: flushing, reclaim — work this benchmark causes as much as anyone
+        pct = 100.0 * (ticks - t0.get(pid, (comm, 0, 0))[2]) / hz / max(seconds, 1e-3)
+        if pct > 10 and not mine(pid):
+            out.append((comm, pid, round(pct)))
+    return sorted(out, key=lambda x: -x[2])
+
+
+def wait_foreign_quiet(limit):
+    """Waits, up to `limit` seconds, for a second in which no process outside this benchmark used more
+    than 10 % of a core (builds and tests of others share the machine); returns what was busy in the last
+    second looked at (empty: quiet) and the seconds waited."""
+    start = time.monotonic()
+    while True:
+        t0, m0 = cpu_ticks(), time.monotonic()
+        time.sleep(1.0)
+        busy = foreign_busy(t0, cpu_ticks(), time.monotonic() - m0)
+        if not busy or time.monotonic() - start > limit:
+            return busy, round(time.monotonic() - start, 1)
 
 
 def mounts_under(prefix):
@@ -286,15 +338,17 @@ def upgrade_event(d, exe):
     # The same binary installed again at stratad's path, as a package manager would: copy, then rename.
     shutil.copy(BIN["release_stratad"], exe + ".new")
     os.rename(exe + ".new", exe)
+    # Ready: the new server answers this process's own polling (the CLI polls every 50 ms).
     t0 = time.monotonic()
-    p = subprocess.run([BIN["strata"], "--socket", d.sock, "daemon", "upgrade", "--json"],
-                       capture_output=True, text=True)
+    p = subprocess.Popen([BIN["strata"], "--socket", d.sock, "daemon", "upgrade", "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t_ready, st = wait_new_server(d.sock, old)
+    out, err = p.communicate(timeout=120)
     t_cli = time.monotonic()
     if p.returncode != 0:
-        raise RuntimeError(f"strata daemon upgrade: exit {p.returncode}: {p.stderr.strip()}")
-    out = json.loads(p.stdout)
-    st = d.call("GET", "/v1/status")
-    return dict(old_pid=old, t0=t0, t_ready=t_cli, cli=out, status=st)
+        raise RuntimeError(f"strata daemon upgrade: exit {p.returncode}: {err.strip()}")
+    return dict(old_pid=old, t0=t0, t_ready=t_ready, cli=json.loads(out), cli_s=round(t_cli - t0, 4),
+                status=st)
 
 
 # ---------------------------------------------------------------- one run
@@ -317,7 +371,7 @@ def one_run(run, a, fixed, pools, sums):
         os.close(saved)
         os.close(lf)
     rows, procs, stop = [], [], multiprocessing.Event()
-    drops, busy_samples, rustc_samples = [], [], []
+    drops, busy_samples, rustc_samples, foreign = [], [], [], []
     try:
         t = time.monotonic()
         rootfs = []
@@ -343,22 +397,22 @@ def one_run(run, a, fixed, pools, sums):
         drop_lock = threading.Lock()
 
         def dropper():
-            last = cpu_times()
+            last, ticks, tt = cpu_times(), cpu_ticks(), time.monotonic()
             while not quit_drops.wait(a.drop_every):
                 with drop_lock:
                     t0 = time.monotonic()
                     drop_caches()
                     drops.append((t0, time.monotonic()))
-                now = cpu_times()
+                now, ticks1, tt1 = cpu_times(), cpu_ticks(), time.monotonic()
                 busy_samples.append(100.0 * (1 - (now[0] - last[0]) / max(1, now[1] - last[1])))
-                last = now
+                foreign.append(foreign_busy(ticks, ticks1, tt1 - tt))
+                last, ticks, tt = now, ticks1, tt1
                 rustc_samples.append(len(rustc_running()))
         th = threading.Thread(target=dropper, daemon=True)
         th.start()
 
         time.sleep(a.warmup)
-        before = dict(holder=proc_info(holder), server=proc_info(d.server_pid), children=children(holder),
-                      fuse_waiting=fuse_waiting(f"{d.run}/fuse"))
+        before = dict(holder=proc_info(holder), server=proc_info(d.server_pid), children=children(holder))
         kinds = ["kill"] * a.kills + ["upgrade"] * a.upgrades
         # Interleaved: kill, upgrade, kill, upgrade, ... then the remaining kind.
         order = []
@@ -371,21 +425,23 @@ def one_run(run, a, fixed, pools, sums):
         rng = random.Random(1000 + run)
         events = []
         for n, kind in enumerate(order):
-            time.sleep(a.gap * (1 + 0.5 * rng.random()) - 0.2)
+            time.sleep(max(0.0, a.gap * (1 + 0.5 * rng.random()) - 1.2))
+            others, waited = wait_foreign_quiet(a.quiet_max)
+            # The serving process as the previous event left it (leaks show as growth event after event).
+            procs_before = dict(holder=proc_info(holder), server=proc_info(d.server_pid))
             with drop_lock:
                 drop_caches()
                 drops.append((time.monotonic(), time.monotonic()))
             time.sleep(0.2)
             rustc = len(rustc_running())
             ev = kill_event(d) if kind == "kill" else upgrade_event(d, exe)
-            ev.update(kind=kind, n=n, rustc=rustc,
+            ev.update(kind=kind, n=n, rustc=rustc, others=others, waited=waited, procs_before=procs_before,
                       wall=time.strftime("%H:%M:%S", time.gmtime()) + f"{time.time() % 1:.3f}"[1:])
             events.append(ev)
             log(f"run {run} event {n}: {kind} of {ev['old_pid']}: new server {ev['status']['pid']} answers after "
                 f"{ev['t_ready'] - ev['t0']:.3f} s")
         time.sleep(POST + 1)
-        after = dict(holder=proc_info(holder), server=proc_info(d.server_pid), children=children(holder),
-                     fuse_waiting=fuse_waiting(f"{d.run}/fuse"))
+        after = dict(holder=proc_info(holder), server=proc_info(d.server_pid), children=children(holder))
         final = d.call("GET", "/v1/status")
         stop.set()
         for p in procs:
@@ -395,7 +451,6 @@ def one_run(run, a, fixed, pools, sums):
                 p.kill()
                 p.join()
         exitcodes = [p.exitcode for p in procs]
-        after["fuse_waiting_readers_stopped"] = fuse_waiting(f"{d.run}/fuse")
         procs = []
         quit_drops.set()
         th.join()
@@ -425,9 +480,12 @@ def one_run(run, a, fixed, pools, sums):
                        wrong=sum(1 for r in inw if r[3] == 1),
                        adopted=st.get("adopted"), running=st.get("running"),
                        resent=(st.get("fuse") or {}).get("resent"),
-                       version=st.get("version"), rustc_at_event=e["rustc"], wall_after=e["wall"])
+                       version=st.get("version"), rustc_at_event=e["rustc"], wall_after=e["wall"],
+                       other_busy_before=e["others"], waited_for_quiet_s=e["waited"],
+                       procs_before=e["procs_before"])
             if e["kind"] == "upgrade":
                 row["cli"] = e["cli"]
+                row["cli_s"] = e["cli_s"]
             rows.append(emit(row))
             log(json.dumps(row))
         ex = [(w0 - PRE, w1) for w0, w1 in windows]
@@ -446,6 +504,8 @@ def one_run(run, a, fixed, pools, sums):
             failed=sum(1 for r in bad if r[3] >= 100), wrong=sum(1 for r in bad if r[3] == 1),
             bad_reads=[dict(start=r[0], end=r[1], status=r[3], reader=r[5], path=r[6]) for r in bad[:50]],
             reader_exitcodes=exitcodes,
+            # A reader that did not stop within 120 s (killed) had a read that never returned.
+            readers_hung=sum(1 for c in exitcodes if c != 0),
             outside_reads=len(out_lat),
             outside_p50_s=round(out_lat[len(out_lat) // 2], 5) if out_lat else None,
             outside_p99_s=round(out_lat[int(len(out_lat) * 0.99)], 4) if out_lat else None,
@@ -457,8 +517,12 @@ def one_run(run, a, fixed, pools, sums):
             drops=len(drops), drop_s_max=round(max((b - a_ for a_, b in drops), default=0), 3),
             cpu_busy_median=round(statistics.median(busy_samples), 1) if busy_samples else None,
             rustc_samples=sum(1 for x in rustc_samples if x), samples=len(rustc_samples),
+            other_busy_samples=sum(1 for x in foreign if x),
+            other_busy=sorted({c for x in foreign for c, _, _ in x}),
             nproc=os.cpu_count(), loadavg=os.getloadavg(), plan=plan_present(), pause=a.pause,
-            drop_every=a.drop_every)
+            drop_every=a.drop_every,
+            events_other_busy=sum(1 for e in events if e["others"]),
+            events=[dict(kind=e["kind"], others=e["others"], procs_before=e["procs_before"]) for e in events])
         emit(summary)
         log(json.dumps({k: v for k, v in summary.items() if k != "bad_reads"}))
         return rows, summary
@@ -470,6 +534,61 @@ def one_run(run, a, fixed, pools, sums):
                 p.kill()
         d.stop()
         stratad.BIN["stratad"] = BIN["release_stratad"]
+
+
+def startup(a):
+    """`--startup N`: how long a successor takes to answer after `kill -9` of the server, without readers
+    (SANDBOXES held, their records synced to disk), N kills per condition, 2.5 s apart (the holder waits
+    before restarting a server that died within 2 s of its start): the binary the holder runs, page cache
+    kept or dropped 0.2 s before the kill; then the same binary installed again at the path (copy, rename,
+    as an upgrade does: a file no process maps) and synced, page cache kept or dropped. (Dirty pages
+    survive a drop: without the sync, records written in the last ~30 s would stay cached.)"""
+    work = tempfile.mkdtemp(prefix="strata-bench-restart-", dir="/var/tmp")
+    os.makedirs(f"{work}/bin")
+    exe = f"{work}/bin/stratad"
+    shutil.copy(BIN["release_stratad"], exe)
+    stratad.BIN["stratad"] = exe
+    d = stratad.Daemon(STORE, work=work, quiet=True)
+    rows = []
+    try:
+        for i in range(a.sandboxes):
+            d.mount("fat:v1", f"s{i:04d}")
+        subprocess.run(["sync"], check=True)
+
+        def kills(binary, drop):
+            ms = []
+            for _ in range(a.startup):
+                time.sleep(2.5)
+                if drop:
+                    drop_caches()
+                    time.sleep(0.2)
+                old = d.server_pid
+                t0 = time.monotonic()
+                os.kill(old, signal.SIGKILL)
+                t, _ = wait_new_server(d.sock, old)
+                ms.append(round((t - t0) * 1000, 1))
+            row = emit(dict(bench="restart-startup", sandboxes=a.sandboxes, binary=binary,
+                            page_cache="dropped (after sync)" if drop else "kept", ready_ms=ms,
+                            median_ms=statistics.median(ms), rustc=len(rustc_running()),
+                            loadavg=os.getloadavg()))
+            rows.append(row)
+            log(json.dumps(row))
+        kills("the holder's (mapped by the holder)", False)
+        kills("the holder's (mapped by the holder)", True)
+        shutil.copy(BIN["release_stratad"], exe + ".new")
+        os.rename(exe + ".new", exe)
+        subprocess.run(["sync"], check=True)
+        kills("installed again at the path (mapped by no process), synced", False)
+        kills("installed again at the path (mapped by no process), synced", True)
+    finally:
+        d.stop()
+        stratad.BIN["stratad"] = BIN["release_stratad"]
+    print(f"\nsuccessor start after kill -9, {a.sandboxes} sandboxes held, no readers; results in {RESULTS}\n")
+    print("| server binary | page cache | kill -9 → new server answers, ms (each kill) | median |")
+    print("|---|---|---|---:|")
+    for r in rows:
+        print(f"| {r['binary']} | {r['page_cache']} | {', '.join(str(x) for x in r['ready_ms'])} | "
+              f"{r['median_ms']:.1f} ms |")
 
 
 def compact_log():
@@ -516,6 +635,11 @@ def main():
     ap.add_argument("--warmup", type=float, default=15.0, help="seconds of reading before the first event")
     ap.add_argument("--drop-every", type=float, default=3.0, help="seconds between page cache drops")
     ap.add_argument("--pause", type=float, default=0.02, help="seconds each reader sleeps between files")
+    ap.add_argument("--startup", type=int, default=0, metavar="N",
+                    help="instead: N kills per condition without readers (binary mapped or not, page cache "
+                         "kept or dropped): the successor's start alone")
+    ap.add_argument("--quiet-max", type=float, default=float(os.environ.get("QUIET_MAX", "60")),
+                    help="seconds to wait before an event for a second without other busy processes")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (mounts, drop_caches)")
@@ -535,6 +659,13 @@ def main():
 
 def run_all(a, built):
     prepare()
+    if a.startup:
+        emit(dict(bench="restart-startup", start=True, stamp=STAMP, nproc=os.cpu_count(),
+                  loadavg=os.getloadavg(), rustc=rustc_running(), args=vars(a), built=built,
+                  commit=subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
+                                        capture_output=True, text=True).stdout.strip(),
+                  stratad_sha256=sha256(BIN["stratad"])[:16]))
+        return startup(a)
     fixed, pools = plan_files(a.readers, seed=10)
     names = {f for lst in fixed for f, _ in lst} | {f for p in pools for b in p.values() for f, _ in b}
     log(f"checksumming {len(names)} files of {SRC}")
@@ -542,7 +673,9 @@ def run_all(a, built):
     head = dict(bench="restart", start=True, stamp=STAMP, nproc=os.cpu_count(), loadavg=os.getloadavg(),
                 rustc=rustc_running(), args=vars(a), commit=subprocess.run(
                     ["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
-                    text=True).stdout.strip(), built=built, stratad_sha256=sha256(BIN["stratad"])[:16],
+                    text=True).stdout.strip(), built=built,
+                dirty=subprocess.run(["git", "-C", HERE, "status", "--porcelain", "--untracked-files=no", "--",
+                                      ":(top,exclude)benches"], capture_output=True, text=True).stdout.split("\n")[:-1], stratad_sha256=sha256(BIN["stratad"])[:16],
                 kernel=os.uname().release)
     emit(head)
     allrows, sums_ = [], []
@@ -581,13 +714,16 @@ def run_all(a, built):
                loadavg=os.getloadavg(), rustc=rustc_running())
     emit(out)
     for s in sums_:
-        print(f"\nrun {s['run']}: {s['reads']} reads ({s['reads_fresh']} first reads of a file), created "
+        print(f"\nrun {s['run']}: {s['reads']} reads ({s['reads_fresh']} first reads of a file), "
+              f"readers hung: {s['readers_hung']}, created "
               f"{s['sandboxes']} sandboxes in {s['create_s']} s, CPU busy median {s['cpu_busy_median']} %, "
               f"rustc seen in {s['rustc_samples']}/{s['samples']} samples; holder RSS "
               f"{s['before']['holder']['rss'] / 2**20:.1f} -> {s['after']['holder']['rss'] / 2**20:.1f} MiB, "
               f"fds {s['before']['holder']['fds']} -> {s['after']['holder']['fds']}; server RSS "
               f"{s['before']['server']['rss'] / 2**20:.1f} -> {s['after']['server']['rss'] / 2**20:.1f} MiB; "
-              f"teardown {s['teardown_s']} s, mounts left {s['mounts_left_after_teardown']}")
+              f"teardown {s['teardown_s']} s, mounts left {s['mounts_left_after_teardown']}; events with other "
+              f"processes busy in the second before: {s['events_other_busy']}/{len(s['events'])}; server "
+              f"descriptors per event: {[e['procs_before']['server']['fds'] for e in s['events']]}")
 
 
 if __name__ == "__main__":
