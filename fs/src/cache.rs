@@ -316,6 +316,12 @@ impl ChunkCache {
                 };
                 st.entries.insert(d, entry);
             }
+            // A restarted daemon appends to the last segment where the last left off (past every byte
+            // already there, recorded or not), instead of starting a segment per restart.
+            let end = data
+                .metadata()
+                .map_or(u64::MAX, |m| m.len().div_ceil(ALIGN) * ALIGN);
+            st.head = (end < segment_bytes).then_some((id, end));
             let data = Arc::new(data);
             let seg = Segment {
                 data,

@@ -408,3 +408,29 @@ fn verify_cost() {
         );
     }
 }
+
+#[test]
+fn a_reopened_cache_appends_to_its_last_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d1, b1) = chunk(1, 5000);
+    let (d2, b2) = chunk(2, 5000);
+    {
+        let c = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+        c.insert(&d1, &b1).unwrap();
+    }
+    let c = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+    c.insert(&d2, &b2).unwrap();
+    assert_eq!(
+        files(dir.path()),
+        ["seg-0", "seg-0.idx"],
+        "a restart started a segment"
+    );
+    drop(c);
+    // Both chunks there after another reopen, each with its own bytes.
+    let c = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+    let mut buf = vec![0u8; 5000];
+    c.get(&d1).unwrap().read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, b1);
+    c.get(&d2).unwrap().read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, b2);
+}

@@ -266,6 +266,16 @@ pub(crate) fn valid_id(id: &str) -> bool {
         && !id.starts_with('.')
 }
 
+/// The FUSE connection a daemon serves.
+pub enum Fuse {
+    /// Mount a new one (after cleaning up what a dead node left).
+    Mount,
+    /// One this daemon's holder (or systemd) just mounted: nothing to adopt yet.
+    Fresh(Channel),
+    /// One another server served: adopt the node and have the kernel resend what that server held.
+    Adopt(Channel),
+}
+
 /// Prefetch settings from the configuration (`None`: prefetch off).
 fn warm_options(config: &Config) -> Option<WarmOptions> {
     config.prefetch.then(|| WarmOptions {
@@ -306,15 +316,16 @@ pub fn mount_fresh(config: &Config) -> Result<Channel, DaemonError> {
 }
 
 impl Daemon {
-    /// Starts the daemon. With `fuse`, an inherited connection: adopts the node's mounts and
-    /// sandboxes as the previous server left them. Without: detaches what a dead node left under the
-    /// runtime directory and mounts a new connection ([`mount_fresh`]).
-    pub fn start(config: Config, fuse: Option<Channel>) -> Result<Arc<Daemon>, DaemonError> {
-        let adopted = fuse.is_some();
-        let chan = Arc::new(match fuse {
-            Some(c) => c,
-            None => mount_fresh(&config)?,
-        });
+    /// Starts the daemon on `fuse`: a connection another server served (adopts the node's mounts and
+    /// sandboxes as it left them), one its holder just mounted, or a new one ([`mount_fresh`]: detaches
+    /// what a dead node left under the runtime directory first).
+    pub fn start(config: Config, fuse: Fuse) -> Result<Arc<Daemon>, DaemonError> {
+        let (chan, adopted) = match fuse {
+            Fuse::Mount => (mount_fresh(&config)?, false),
+            Fuse::Fresh(c) => (c, false),
+            Fuse::Adopt(c) => (c, true),
+        };
+        let chan = Arc::new(chan);
         let mut store = Store::open(&config.store)?;
         let deadline = Duration::from_secs_f64(config.read_timeout_secs.max(0.1));
         store.range_deadline = deadline;

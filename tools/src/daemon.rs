@@ -20,7 +20,7 @@ use clap::Parser;
 use rustix::process::{kill_process, Pid, Signal};
 use serde_json::json;
 use strata_fs::api::Hooks;
-use strata_fs::daemon::{Config, Daemon};
+use strata_fs::daemon::{Config, Daemon, Fuse};
 use strata_fs::fuse::Channel;
 use strata_fs::size::parse_size;
 
@@ -202,8 +202,12 @@ fn api_thread(daemon: &Arc<Daemon>, listener: UnixListener, hooks: Hooks) {
 /// A server under a holder: SIGTERM hands over, SIGUSR1 tears the node down.
 fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
     let set = signals::block(&[libc::SIGTERM, libc::SIGUSR1, libc::SIGINT]);
-    let daemon = Daemon::start(config.clone(), Some(Channel::from_fd(inh.fuse)))
-        .context("starting stratad")?;
+    let chan = Channel::from_fd(inh.fuse);
+    let fuse = match inh.fresh {
+        true => Fuse::Fresh(chan),
+        false => Fuse::Adopt(chan),
+    };
+    let daemon = Daemon::start(config.clone(), fuse).context("starting stratad")?;
     let holder = inh.holder;
     let hooks = Hooks {
         upgrade: Some(Box::new(move || {
@@ -251,11 +255,11 @@ fn serve_for_systemd(config: Config) -> Result<()> {
     };
     let (fuse, api) = (take("fuse"), take("api"));
     let chan = match fuse {
-        Some(fd) => Some(Channel::from_fd(fd)),
+        Some(fd) => Fuse::Adopt(Channel::from_fd(fd)),
         None => {
             let c = strata_fs::daemon::mount_fresh(&config).context("mounting the blob server")?;
             systemd::notify("FDSTORE=1\nFDNAME=fuse", &[c.fd()])?;
-            Some(c)
+            Fuse::Fresh(c)
         }
     };
     let listener = match api {
@@ -307,7 +311,7 @@ fn serve_for_systemd(config: Config) -> Result<()> {
 fn serve_plain(config: Config) -> Result<()> {
     let set = signals::block(&[libc::SIGTERM, libc::SIGINT]);
     let _lock = holder::lock_state(&config.state_dir)?;
-    let daemon = Daemon::start(config.clone(), None).context("starting stratad")?;
+    let daemon = Daemon::start(config.clone(), Fuse::Mount).context("starting stratad")?;
     let socket = config.runtime_dir.join("stratad.sock");
     let listener = strata_fs::api::bind(&socket, config.group)?;
     api_thread(&daemon, listener, Hooks::default());

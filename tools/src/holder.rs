@@ -31,7 +31,7 @@ use strata_fs::daemon::Config;
 use crate::signals;
 
 /// The environment variable that hands a server its inherited descriptors:
-/// `fuse=N,api=N,lock=N,holder=PID`.
+/// `fuse=N,api=N,lock=N,holder=PID[,fresh=1]` (`fresh`: the first server on a connection just mounted).
 pub const ENV: &str = "STRATAD_SERVE";
 
 /// Descriptors a server inherited from its holder.
@@ -41,6 +41,8 @@ pub struct Inherited {
     /// The state directory's lock (shared with the holder: it stays held while either lives).
     pub lock: OwnedFd,
     pub holder: u32,
+    /// The holder mounted the connection for this server: nobody served it before.
+    pub fresh: bool,
 }
 
 /// The descriptors named by [`ENV`], if this process is a server started by a holder.
@@ -69,6 +71,7 @@ pub fn take_inherited() -> Result<Option<Inherited>> {
         api: own(api),
         lock: own(lock),
         holder: holder as u32,
+        fresh: spec.split(',').any(|kv| kv == "fresh=1"),
     };
     for fd in [&inh.fuse, &inh.api, &inh.lock] {
         fcntl_setfd(fd, FdFlags::CLOEXEC)?;
@@ -169,7 +172,7 @@ pub fn hold(config: &Config, args: Vec<OsString>) -> Result<()> {
     );
     // Resolved now: an upgrade installs the new binary at this path.
     let exe: PathBuf = std::env::current_exe().context("stratad's own path")?;
-    let mut server = spawn(&exe, &args, &env)?;
+    let mut server = spawn(&exe, &args, &format!("{env},fresh=1"))?;
     if let Err(e) = first_ready(&mut server, &socket) {
         strata_fs::daemon::cleanup_mounts(&config.runtime_dir);
         let _ = std::fs::remove_file(&socket);
@@ -188,11 +191,14 @@ pub fn hold(config: &Config, args: Vec<OsString>) -> Result<()> {
                 let Ok(Some(status)) = server.try_wait() else {
                     continue;
                 };
-                quick_deaths = match started.elapsed() < Duration::from_secs(2) {
+                // A server that keeps dying as it starts is given a growing pause (up to 5 s), but
+                // only after three in a row: one killed soon after it started must be replaced at once.
+                quick_deaths = match started.elapsed() < Duration::from_secs(1) {
                     true => quick_deaths + 1,
                     false => 0,
                 };
-                let pause = Duration::from_millis(100 * u64::from(quick_deaths.min(50)));
+                let pause =
+                    Duration::from_millis(100 * u64::from(quick_deaths.saturating_sub(3).min(50)));
                 tracing::warn!(%status, ?pause, "server exited; starting a successor on the same connection");
                 std::thread::sleep(pause);
                 server = spawn(&exe, &args, &env)?;
