@@ -1,0 +1,209 @@
+//! A `stratad` under test: started on its own state and runtime directories, its holder and server
+//! pids, kills of either or both, restarts, and a check that a stop leaves no mount behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{cpath, json, scratch, stratad_bin, StoreEnv};
+
+/// A `stratad` started for a test, with its own state and runtime directories; stopped (SIGTERM) when
+/// dropped, then checked to have left no mount behind.
+pub struct Daemon {
+    child: Option<Child>,
+    /// The stratad binary started (a copy, for tests that upgrade it in place).
+    pub bin: PathBuf,
+    pub state: tempfile::TempDir,
+    pub runtime: PathBuf,
+    pub socket: PathBuf,
+    pub store: StoreEnv,
+}
+
+impl Daemon {
+    /// Starts stratad on `store` with extra flags; waits for its socket.
+    pub fn start(store: &StoreEnv, extra: &[&str]) -> Daemon {
+        Daemon::start_in(store, scratch("state"), extra)
+    }
+
+    /// [`Daemon::start`] on a prepared state directory.
+    pub fn start_in(store: &StoreEnv, state: tempfile::TempDir, extra: &[&str]) -> Daemon {
+        let runtime = state.path().join("run");
+        let socket = runtime.join("stratad.sock");
+        let mut d = Daemon {
+            child: None,
+            bin: stratad_bin(),
+            state,
+            runtime,
+            socket,
+            store: store.clone(),
+        };
+        d.spawn(extra);
+        d
+    }
+
+    /// Stops the daemon and starts it again on the same state directory (chunk cache, metadata).
+    pub fn restart(&mut self, extra: &[&str]) {
+        let left = self.stop();
+        assert!(left.is_empty(), "mounts left behind: {left:?}");
+        self.spawn(extra);
+    }
+
+    /// Starts (another) stratad on this daemon's directories; returns it without waiting for anything.
+    pub fn command(&self, extra: &[&str]) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg("--config")
+            .arg("/dev/null")
+            .arg("--store")
+            .arg(&self.store.url)
+            .arg("--state-dir")
+            .arg(self.state.path())
+            .arg("--runtime-dir")
+            .arg(&self.runtime)
+            .args(extra)
+            .env("STRATA_LOG", "warn");
+        for (k, v) in &self.store.env {
+            c.env(k, v);
+        }
+        c
+    }
+
+    /// Starts stratad again after [`Daemon::kill_all`] (or a stop), on the same directories.
+    pub fn start_again(&mut self, extra: &[&str]) {
+        self.spawn(extra);
+    }
+
+    /// Uses a copy of stratad in the state directory from now on (so a test can install another
+    /// binary at that path and upgrade to it).
+    pub fn use_copied_bin(&mut self) -> PathBuf {
+        let dir = self.state.path().join("bin");
+        std::fs::create_dir_all(&dir).expect("bin dir");
+        let p = dir.join("stratad");
+        std::fs::copy(stratad_bin(), &p).expect("copy stratad");
+        self.bin = p.clone();
+        p
+    }
+
+    /// The pid of the descriptor holder (the process the test started).
+    pub fn holder_pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// The pid of the process serving the FUSE connection (from `GET /v1/status`).
+    pub fn server_pid(&self) -> u32 {
+        let v = json(&self.ok(&["daemon", "status"]));
+        v["pid"].as_u64().expect("status pid") as u32
+    }
+
+    /// Waits until a server other than `old` answers; returns its pid.
+    pub fn wait_new_server(&self, old: u32) -> u32 {
+        let start = Instant::now();
+        loop {
+            let o = self.strata(&["daemon", "status"]);
+            if o.status.success() {
+                let v = json(&String::from_utf8_lossy(&o.stdout));
+                match v["pid"].as_u64() {
+                    Some(p) if p as u32 != old => return p as u32,
+                    _ => {}
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no new server after {old}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILLs the holder and the server: the node as after a crash (mounts left behind, dead).
+    pub fn kill_all(&mut self) {
+        let server = self.server_pid();
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // SAFETY: sending a signal to a process this test started (through its holder).
+        unsafe { libc::kill(server as i32, libc::SIGKILL) };
+        let start = Instant::now();
+        while Path::new(&format!("/proc/{server}")).exists()
+            && start.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn spawn(&mut self, extra: &[&str]) {
+        let _ = std::fs::remove_file(&self.socket);
+        let mut c = self.command(extra);
+        c.stdout(Stdio::null()).stderr(Stdio::inherit());
+        self.child = Some(c.spawn().expect("start stratad"));
+        let start = Instant::now();
+        while !self.socket.exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "stratad did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs `strata ARGS` against this daemon and store.
+    pub fn strata(&self, args: &[&str]) -> Output {
+        let mut full = vec!["--socket", self.socket.to_str().expect("utf8")];
+        full.extend_from_slice(args);
+        self.store.run(&full)
+    }
+
+    /// Like [`Self::strata`], panicking on failure; returns standard output.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.strata(args);
+        assert!(
+            out.status.success(),
+            "strata {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Mount points below the runtime directory.
+    pub fn mounts(&self) -> Vec<String> {
+        let prefix = self.runtime.to_string_lossy().to_string();
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+            .filter(|p| p.starts_with(&prefix))
+            .collect()
+    }
+
+    /// Stops with SIGTERM and waits; returns the mounts left behind (should be none).
+    pub fn stop(&mut self) -> Vec<String> {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: sending a signal to our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let start = Instant::now();
+            loop {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                if start.elapsed() > Duration::from_secs(30) {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.mounts()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let left = self.stop();
+        for m in left.iter().rev() {
+            let c = cpath(Path::new(m));
+            // SAFETY: valid path; MNT_DETACH.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
