@@ -138,15 +138,16 @@ struct View {
 }
 
 impl View {
-    /// Fills `buf` from the blob's view at `offset` (zeros where no chunk lies). With `cached_only`,
-    /// returns `Ok(false)` as soon as a chunk is not in the cache (nothing is fetched).
+    /// Fills `buf` from the blob's view at `offset` (zeros where no chunk lies); returns the bytes
+    /// filled. With `cached_only` it stops at the first chunk not in the cache (nothing is fetched), so
+    /// that a slow read can go on from there instead of reading the cached part again.
     fn read(
         &self,
         blob: &Arc<BlobHandle>,
         offset: u64,
         buf: &mut [u8],
         cached_only: bool,
-    ) -> Result<bool, FetchError> {
+    ) -> Result<usize, FetchError> {
         let mut pos = 0usize;
         while pos < buf.len() {
             let at = offset + pos as u64;
@@ -173,7 +174,7 @@ impl View {
             let bytes = match cached_only {
                 true => match self.fetcher.cached(blob, i)? {
                     Some(b) => b,
-                    None => return Ok(false),
+                    None => return Ok(pos),
                 },
                 false => self.fetcher.chunk(blob, i)?,
             };
@@ -182,7 +183,7 @@ impl View {
             bytes.read_at(&mut buf[pos..pos + n], within)?;
             pos += n;
         }
-        Ok(true)
+        Ok(pos)
     }
 }
 
@@ -248,12 +249,6 @@ impl BlobFs {
             ..Default::default()
         }
     }
-
-    fn served(&self, n: usize) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.metrics.reads.fetch_add(1, Relaxed);
-        self.metrics.read_bytes.fetch_add(n as u64, Relaxed);
-    }
 }
 
 impl Filesystem for BlobFs {
@@ -301,25 +296,27 @@ impl Filesystem for BlobFs {
         thread_local! {
             static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
         }
-        let reply = BUF.with_borrow_mut(|buf| {
+        // The cached part is read here; `Some` is what a slow read must go on with: the reply and the
+        // bytes filled so far.
+        let rest = BUF.with_borrow_mut(|buf| {
             if buf.len() < n {
                 buf.resize(n, 0);
             }
             let buf = &mut buf[..n];
             match self.view.read(&blob, offset, buf, true) {
-                Ok(true) => {
-                    self.served(n);
+                Ok(done) if done == n => {
+                    self.metrics.served(n);
                     reply.data(&[buf]);
                     None
                 }
-                Ok(false) => Some(reply),
+                Ok(done) => Some((reply, buf[..done].to_vec())),
                 Err(e) => {
                     reply.error(errno(&e, &self.metrics));
                     None
                 }
             }
         });
-        let Some(reply) = reply else { return };
+        let Some((reply, mut out)) = rest else { return };
         // Not all cached: fetch on the blob's own threads, not on this worker.
         let (view, metrics) = (self.view.clone(), self.metrics.clone());
         let digest = blob.blob.digest;
@@ -327,13 +324,12 @@ impl Filesystem for BlobFs {
             digest,
             reply,
             Box::new(move || {
-                let mut buf = vec![0u8; n];
-                match view.read(&blob, offset, &mut buf, false) {
+                let done = out.len();
+                out.resize(n, 0);
+                match view.read(&blob, offset + done as u64, &mut out[done..], false) {
                     Ok(_) => {
-                        use std::sync::atomic::Ordering::Relaxed;
-                        metrics.reads.fetch_add(1, Relaxed);
-                        metrics.read_bytes.fetch_add(n as u64, Relaxed);
-                        Ok(buf)
+                        metrics.served(n);
+                        Ok(out)
                     }
                     Err(e) => Err(SlowError {
                         unavailable: matches!(e, FetchError::Timeout { .. }),

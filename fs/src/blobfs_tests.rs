@@ -64,3 +64,48 @@ fn reads_of_a_hung_blob_hold_no_worker_and_fail_at_the_deadline() {
     drop(kernel);
     s.join();
 }
+
+/// A read whose first part is cached and whose rest is not: the worker fills the cached part, the slow
+/// read goes on from there, and the reply is the two stitched together.
+#[test]
+fn a_partly_cached_read_goes_on_where_the_cache_ends() {
+    use crate::fuse::proto::op;
+    use crate::fuse::session::{Options, Session};
+    use crate::fuse::Channel;
+    use crate::testkit::{bytes, pair, read_arg, recv, send, Kit};
+    use strata_registry::store::Op;
+
+    let kit = Kit::new(Duration::from_secs(5));
+    let (c0, c1) = (bytes(8192, 1), bytes(8192, 2));
+    let (blob, k) = kit.blob(&[c0.clone(), c1.clone()]);
+    let ino = blob_ino(&blob.blob.digest);
+    let blob = Arc::new(blob);
+    kit.fetcher.chunk(&blob, 0).expect("warm chunk 0");
+    let table = Arc::new(BlobTable::default());
+    table
+        .add(Arc::try_unwrap(blob).ok().expect("sole owner"))
+        .expect("add");
+    let fs = BlobFs::new(table, kit.fetcher.clone(), kit.metrics.clone(), None).expect("blobfs");
+    let (kernel, server) = pair();
+    let s = Session::start(
+        Arc::new(Channel::from_fd(server)),
+        Arc::new(fs),
+        1,
+        Options::default(),
+    )
+    .expect("session");
+    kit.faults.reset_counts();
+    send(&kernel, op::READ, 7, ino, &read_arg(4096, 8192));
+    let (h, body) = recv(&kernel);
+    assert_eq!((h.unique, h.error), (7, 0));
+    let mut want = c0[4096..].to_vec();
+    want.extend_from_slice(&c1[..4096]);
+    assert!(body == want, "stitched bytes differ");
+    assert_eq!(
+        kit.faults.calls(Op::GetRange, &k),
+        1,
+        "only the uncached chunk fetched"
+    );
+    drop(kernel);
+    s.join();
+}

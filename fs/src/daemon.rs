@@ -30,7 +30,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use strata_prefetch::{PlanEntry, WarmOptions};
 use strata_registry::digest::Digest;
-use strata_registry::model::{Manifest, Reference};
+use strata_registry::model::{BlobRef, Manifest, Reference};
 use strata_registry::store::{Store, StoreError};
 
 use crate::api::ErrorKind;
@@ -445,18 +445,13 @@ impl Daemon {
                 .blobs
                 .iter()
                 .filter(|b| !self.table.contains(&b.digest))
-                .map(|b| {
-                    s.spawn(move || match self.node.toc(b) {
-                        Some(toc) => Ok(BlobHandle::new(b, toc)),
-                        None => BlobHandle::open(&self.store, b),
-                    })
-                })
+                .map(|b| s.spawn(move || self.blob_handle(b)))
                 .collect();
             let meta = self.fetch_meta(&desc.meta.digest, &meta_path);
             let tocs: Result<Vec<BlobHandle>, DaemonError> = tocs
                 .into_iter()
                 .map(|h| match h.join() {
-                    Ok(r) => r.map_err(DaemonError::from),
+                    Ok(r) => r,
                     Err(_) => Err(DaemonError::Metadata(
                         "table of contents fetch panicked".into(),
                     )),
@@ -470,7 +465,6 @@ impl Daemon {
         // Kept before the mount: a successor must be able to serve every mounted layer's blobs.
         self.node.save_layer(d, &desc)?;
         for h in tocs? {
-            self.node.save_toc(&h.blob, &h.toc)?;
             self.table.add(h)?;
         }
         for b in &desc.blobs {
@@ -496,6 +490,17 @@ impl Daemon {
             },
         );
         Ok((target, bytes))
+    }
+
+    /// A blob ready to serve: its table of contents as the node kept it (verified against its digest),
+    /// else fetched from the store and kept, so that a successor can serve it without the store.
+    pub(crate) fn blob_handle(&self, b: &BlobRef) -> Result<BlobHandle, DaemonError> {
+        if let Some(toc) = self.node.toc(b) {
+            return Ok(BlobHandle::new(b, toc));
+        }
+        let h = BlobHandle::open(&self.store, b)?;
+        self.node.save_toc(b, &h.toc)?;
+        Ok(h)
     }
 
     /// A layer's metadata image at `path`, verified: reused if already there and intact, else fetched.
@@ -699,19 +704,14 @@ impl Daemon {
 
 /// Detaches every mount below `runtime` (left by a daemon that was killed), deepest first.
 pub fn cleanup_mounts(runtime: &Path) {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    let prefix = runtime.to_string_lossy().to_string();
-    let mut points: Vec<String> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| p.replace("\\040", " "))
-        .filter(|p| p.starts_with(&prefix))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    detach(crate::state::mount_points(runtime), "detaching stale mount");
+}
+
+/// Detaches `points` lazily, deepest first (a mount below another goes before it), logging `why`.
+pub(crate) fn detach(mut points: Vec<PathBuf>, why: &str) {
+    points.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
     for p in points {
-        tracing::info!(mount = %p, "detaching stale mount");
-        let _ = mount::unmount(Path::new(&p), true);
+        tracing::info!(mount = %p.display(), "{why}");
+        let _ = mount::unmount(&p, true);
     }
 }

@@ -67,6 +67,12 @@ impl Metrics {
             .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// A read of `n` bytes served.
+    pub fn served(&self, n: usize) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
     /// An error of `kind`.
     pub fn error(&self, kind: &'static str) {
         let mut m = self.errors.lock().unwrap_or_else(|p| p.into_inner());

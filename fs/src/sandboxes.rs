@@ -9,14 +9,14 @@
 //! another image: the request must say [`Reuse::Resume`] (same image only: continue where it was) or
 //! [`Reuse::Fresh`] (discard it). A purge refuses while processes still run in the rootfs, unless forced.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 use strata_registry::digest::Digest;
 
-use crate::daemon::{valid_id, Daemon, DaemonError, LayerMount};
-use crate::fetch::BlobHandle;
+use crate::daemon::{detach, valid_id, Daemon, DaemonError, LayerMount};
 use crate::mount;
 use crate::state::{self, Sandbox, SandboxState};
 
@@ -257,7 +257,7 @@ impl Daemon {
     /// the store); mounts under the runtime directory that nothing recorded uses are detached.
     pub(crate) fn restore(&self) -> Result<(), DaemonError> {
         let runtime = &self.config.runtime_dir;
-        let mounted = state::mount_points(runtime);
+        let mounted: HashSet<PathBuf> = state::mount_points(runtime).into_iter().collect();
         let (records, broken) = self.node.sandboxes();
         for e in broken {
             tracing::error!(error = %e, "sandbox record unreadable: kept, not listed");
@@ -294,26 +294,22 @@ impl Daemon {
                     "cannot serve a running sandbox's layer: its uncached reads fail"),
             }
         }
-        let running: std::collections::HashSet<&Path> = st
+        let running: HashSet<&Path> = st
             .sandboxes
             .values()
             .filter(|s| s.state == SandboxState::Running)
             .map(|s| s.rootfs.as_path())
             .collect();
-        let layers: std::collections::HashSet<&Path> =
-            st.layers.values().map(|l| l.path.as_path()).collect();
-        let mut stray: Vec<&PathBuf> = mounted
+        let layers: HashSet<&Path> = st.layers.values().map(|l| l.path.as_path()).collect();
+        let stray: Vec<PathBuf> = mounted
             .iter()
             .filter(|p| {
                 p.starts_with(runtime.join("sandboxes")) || p.starts_with(runtime.join("layers"))
             })
             .filter(|p| !running.contains(p.as_path()) && !layers.contains(p.as_path()))
+            .cloned()
             .collect();
-        stray.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
-        for p in stray {
-            tracing::info!(mount = %p.display(), "detaching a mount no sandbox uses");
-            let _ = mount::unmount(p, true);
-        }
+        detach(stray, "detaching a mount no sandbox uses");
         let n = st.sandboxes.len();
         tracing::info!(
             sandboxes = n,
@@ -334,11 +330,7 @@ impl Daemon {
             if self.table.contains(&b.digest) {
                 continue;
             }
-            let h = match self.node.toc(b) {
-                Some(toc) => BlobHandle::new(b, toc),
-                None => BlobHandle::open(&self.store, b)?,
-            };
-            self.table.add(h)?;
+            self.table.add(self.blob_handle(b)?)?;
         }
         let bytes = desc.meta.size + desc.blobs.iter().map(|b| b.size).sum::<u64>();
         Ok((desc.blobs.iter().map(|b| b.digest).collect(), bytes))

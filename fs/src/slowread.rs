@@ -164,14 +164,6 @@ impl SlowReads {
             }
         }
     }
-
-    /// Reads of `blob` queued or running.
-    pub fn queued(&self, blob: &Digest) -> usize {
-        self.shared
-            .lock_queues()
-            .get(blob)
-            .map_or(0, |q| q.jobs.len() + q.threads)
-    }
 }
 
 impl Drop for SlowReads {

@@ -11,7 +11,7 @@
 //! parse (a disk that lost it) is reported and kept, never deleted. A sandbox's record is written before
 //! its overlay is mounted and removed only after its directories are, so no mount exists without one.
 //!
-//! **Running or stopped is not stored, it is seen.** A sandbox runs when its rootfs is mounted
+//! **Running or stopped is seen, not trusted from the record.** A sandbox runs when its rootfs is mounted
 //! (`/proc/self/mountinfo`); after a crash of the whole node or of both the daemon and its descriptor
 //! holder, its mounts are gone and it is listed as stopped with its upper directory intact.
 //!
@@ -19,7 +19,6 @@
 //! contents verified against their digests when read back), so a successor serves the blobs of every
 //! running sandbox before it talks to the store at all — with the store down, cached data keeps flowing.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -77,12 +76,6 @@ pub struct Sandbox {
     pub image_bytes: u64,
     #[serde(default)]
     pub state: SandboxState,
-}
-
-/// A layer as the node keeps it: its descriptor and stored size.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct LayerRecord {
-    pub descriptor: LayerDescriptor,
 }
 
 /// The state directory's `node/` part.
@@ -183,10 +176,7 @@ impl NodeState {
     /// Keeps a layer's descriptor.
     pub fn save_layer(&self, d: &Digest, desc: &LayerDescriptor) -> Result<(), StateError> {
         let p = self.dir.join("layers").join(format!("{}.json", d.hex()));
-        let rec = LayerRecord {
-            descriptor: desc.clone(),
-        };
-        let bytes = serde_json::to_vec(&rec).map_err(|e| StateError::Parse {
+        let bytes = serde_json::to_vec(desc).map_err(|e| StateError::Parse {
             path: p.clone(),
             source: e,
         })?;
@@ -197,9 +187,7 @@ impl NodeState {
     pub fn layer(&self, d: &Digest) -> Option<LayerDescriptor> {
         let p = self.dir.join("layers").join(format!("{}.json", d.hex()));
         let b = std::fs::read(p).ok()?;
-        serde_json::from_slice::<LayerRecord>(&b)
-            .ok()
-            .map(|r| r.descriptor)
+        serde_json::from_slice(&b).ok()
     }
 
     /// Keeps a blob's table of contents.
@@ -223,10 +211,11 @@ impl NodeState {
     }
 }
 
-/// Mount points at or below `under`, from `/proc/self/mountinfo`.
-pub fn mount_points(under: &Path) -> HashSet<PathBuf> {
+/// Mount points at or below `under`, from `/proc/self/mountinfo`, in mount order (a point mounted over
+/// twice is listed twice).
+pub fn mount_points(under: &Path) -> Vec<PathBuf> {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return HashSet::new();
+        return Vec::new();
     };
     info.lines()
         .filter_map(|l| l.split(' ').nth(4))

@@ -166,12 +166,9 @@ impl Daemon {
 
     /// Mount points below the runtime directory.
     pub fn mounts(&self) -> Vec<String> {
-        let prefix = self.runtime.to_string_lossy().to_string();
-        std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-            .filter(|p| p.starts_with(&prefix))
+        strata_fs::state::mount_points(&self.runtime)
+            .iter()
+            .map(|p| p.display().to_string())
             .collect()
     }
 
