@@ -169,9 +169,6 @@ pub struct Verified {
     pub size: u64,
 }
 
-/// The name the fetcher knows [`Verified`] by (it used to pin the chunk's place on disk).
-pub type Pinned = Verified;
-
 impl Verified {
     /// Reads `buf.len()` bytes at `offset` in the chunk.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), CacheError> {

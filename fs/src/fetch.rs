@@ -23,7 +23,7 @@ use strata_registry::model::BlobRef;
 use strata_registry::store::{key, Store, StoreError};
 use strata_registry::toc::{decompress, verified_chunk, Toc};
 
-use crate::cache::{ChunkCache, Pinned};
+use crate::cache::{ChunkCache, Verified};
 use crate::metrics::Metrics;
 
 /// Why a chunk could not be served.
@@ -85,7 +85,8 @@ impl BlobHandle {
 
 /// Bytes of one chunk, ready to read.
 pub enum ChunkBytes {
-    Cached(Pinned),
+    /// Checked against its digest when read from the cache (see [`crate::cache`]).
+    Cached(Verified),
     /// Fetched but not (or no longer) in the cache, e.g. a cache smaller than a chunk.
     Memory(Arc<Vec<u8>>),
 }

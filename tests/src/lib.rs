@@ -149,6 +149,25 @@ pub fn random_bytes(n: usize, seed: u32) -> Vec<u8> {
         .collect()
 }
 
+/// Reads `path` through a sandbox after its store came back, retrying for up to `within`: a chunk whose
+/// read just timed out fails at once for a second, and fetches the outage held wait out the store's own
+/// deadline (docs/DAEMON.md, "Reads that cannot be served").
+pub fn read_when_back(path: &Path, within: Duration) -> Vec<u8> {
+    let start = Instant::now();
+    loop {
+        match std::fs::read(path) {
+            Ok(b) => return b,
+            Err(e) => assert!(
+                start.elapsed() < within,
+                "{} still failing {:?} after the store came back: {e}",
+                path.display(),
+                start.elapsed()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// True when the kernel has EROFS.
 pub fn kernel_has_erofs() -> bool {
     std::fs::read_to_string("/proc/filesystems")

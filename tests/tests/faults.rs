@@ -99,16 +99,8 @@ fn a_hung_blob_never_delays_another_and_fails_at_the_deadline() {
     // The store back: once the fetches the hang held have timed out (the store's own deadline) and the
     // fail-fast second is over, the same files read.
     proxy.set_hang(None);
-    let back = Instant::now();
-    loop {
-        match std::fs::read(rh.join("data/h00")) {
-            Ok(_) => break,
-            Err(e) => assert!(
-                back.elapsed().as_secs_f64() < deadline * 3.0,
-                "still failing {:?} after the store came back: {e}",
-                back.elapsed()
-            ),
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    read_when_back(
+        &rh.join("data/h00"),
+        Duration::from_secs_f64(deadline * 3.0),
+    );
 }

@@ -125,7 +125,8 @@ fn a_traced_plan_is_warmed_when_a_sandbox_is_created() {
     planned_reads_survive_the_store(&proxy, &rootfs, &a);
     let root = Path::new(&rootfs);
     proxy.set_down(false);
-    assert_eq!(std::fs::read(root.join("data/b.bin")).expect("b.bin"), b);
+    let got = read_when_back(&root.join("data/b.bin"), std::time::Duration::from_secs(10));
+    assert_eq!(got, b);
 }
 
 /// Polls node `d`'s status until `f` holds (or panics after 30 s); returns the status.
