@@ -119,6 +119,15 @@ fn load_parents(store: &Store, parents: &[Digest]) -> Result<ParentIndex, BuildE
     let mut seen = HashMap::new();
     for p in parents {
         let layer = store.get_layer(p)?;
+        if let Some(k) = store.layer_unreusable(p, &layer)? {
+            return Err(BuildError::Layer {
+                layer: p.to_string(),
+                why: format!(
+                    "{k} is missing or condemned by garbage collection (no tag reaches it); tag an \
+                     image that uses the layer again, or build without it as a parent"
+                ),
+            });
+        }
         for b in &layer.blobs {
             if seen.contains_key(&b.digest) {
                 continue;

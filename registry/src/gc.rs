@@ -5,22 +5,92 @@
 //! objects that nothing names. [`collect`] marks everything reachable from every tag — manifests, their
 //! layers, each layer's metadata (and the metadata a patch is based on) and blobs, the image's prefetch
 //! plan — and deletes the unmarked objects under `blobs/`, `meta/`, `layers/`, `manifests/`, `plans/`
-//! and `oci/` that are older than `grace`. Other prefixes (`tags/`, a local store's `tmp/`) are never
-//! touched.
+//! and `oci/` that have been unreferenced for longer than `grace`. Other prefixes (`tags/`, a local
+//! store's `tmp/`) are never touched.
 //!
 //! **The grace period** protects work in flight: a build's objects are unreferenced until its tag is
 //! written, so anything younger than `grace` is kept. It must exceed the longest build or `pack_diff`.
+//!
+//! **Two phases.** A build may also *reuse* an object that already exists — content addressing makes the
+//! write a no-op, and deduplication refers to existing blobs — and such an object can be old and, at that
+//! moment, unreferenced (its image was untagged). Deleting every old unreferenced object at once could
+//! delete it under the build. So an unreferenced object older than `grace` is first *condemned*: a mark
+//! `gc/condemned/<key>` is written, and a later run deletes the object only if the mark is at least
+//! `grace` old, the object was not written since, and it is still unreferenced. Writers treat a
+//! condemned object as absent ([`Store::reusable`]) and write it again, which makes it young. A build
+//! that reused an object before it was condemned finishes (tags its image) within `grace`, so the run
+//! that would delete the object sees it referenced. With a zero grace there is no second phase: the
+//! objects are deleted at once, which is safe only when nothing builds meanwhile.
+//! The one window left: a writer that finds a condemnation mark and rewrites the object in the
+//! milliseconds between the deleting run's check and its delete (S3 has no conditional delete).
 //! **Images in use must stay tagged**: a node running sandboxes of an image that no tag names any more
 //! reads its uncached chunks from the store, and they are gone after a collection.
 //! A dry run reports what would be deleted.
+//!
+//! **Nothing reachable is ever deleted.** Marking reads every tag, manifest and layer descriptor; if any
+//! of them cannot be read or parsed (a tag emptied or overwritten with garbage, a tag naming a manifest
+//! that is gone, a descriptor that fails to parse), marking cannot see what that object reaches, so the
+//! collection stops with [`GcError::Broken`] naming it before anything is deleted. With `skip_broken` it
+//! goes on instead: what the broken images still let it read stays marked, the rest is collected as if
+//! the broken tags did not exist, and the report lists each one. A store that fails or does not answer
+//! (as opposed to an object that is broken) always stops the collection.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
 use crate::digest::Digest;
 use crate::store::{key, Store, StoreError};
+
+/// How to collect.
+#[derive(Clone, Debug)]
+pub struct GcOptions {
+    /// Keep unreferenced objects younger than this.
+    pub grace: Duration,
+    /// Report; delete nothing.
+    pub dry_run: bool,
+    /// Collect even when tags, manifests or descriptors are broken (see the module documentation).
+    pub skip_broken: bool,
+    /// The reference time for `grace`.
+    pub now: SystemTime,
+}
+
+impl GcOptions {
+    pub fn new(grace: Duration) -> GcOptions {
+        GcOptions {
+            grace,
+            dry_run: false,
+            skip_broken: false,
+            now: SystemTime::now(),
+        }
+    }
+}
+
+/// A tag whose image could not be followed.
+#[derive(Debug, Clone, Serialize)]
+pub struct BrokenRef {
+    /// The tag (`NAME:TAG`, or its store key when the key is not a tag name).
+    pub tag: String,
+    /// What could not be read, and why.
+    pub error: String,
+}
+
+/// Why a collection stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum GcError {
+    #[error(
+        "tag {tag} cannot be followed: {source}. Nothing was deleted: fix the object, delete the tag \
+         (strata rmi), or collect with --skip-broken (everything only this tag reaches is then deleted)"
+    )]
+    Broken {
+        tag: String,
+        #[source]
+        source: StoreError,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 /// What a collection found and did.
 #[derive(Debug, Default, Clone, Serialize)]
@@ -33,30 +103,60 @@ pub struct GcReport {
     pub deleted_bytes: u64,
     /// Unreferenced objects kept because they are younger than the grace period.
     pub young: u64,
+    /// Unreferenced objects condemned by this run: a run at least `grace` later deletes them if they are
+    /// still unreferenced and nothing wrote them again.
+    pub condemned: u64,
+    pub condemned_bytes: u64,
+    /// Objects condemned by an earlier run less than `grace` ago.
+    pub pending: u64,
     pub dry_run: bool,
+    /// Tags that could not be followed (only with `skip_broken`; otherwise the collection stops).
+    pub broken: Vec<BrokenRef>,
     /// Keys deleted (at most the first 1000).
     pub keys: Vec<String>,
 }
 
 const SWEPT: [&str; 6] = ["blobs", "meta", "layers", "manifests", "plans", "oci"];
 
-fn mark_image(store: &Store, m: &Digest, live: &mut HashSet<String>) -> Result<(), StoreError> {
+/// Where condemnation marks live ([`key::condemned`]).
+const MARKS: &str = "gc/condemned";
+
+/// True for an error that means the object is missing or damaged, as opposed to a store that failed.
+fn is_broken(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::NotFound(_)
+            | StoreError::Corrupt { .. }
+            | StoreError::Malformed { .. }
+            | StoreError::Model(_)
+    )
+}
+
+/// Marks what tag `tag` (naming manifest `m`) reaches. Broken objects are passed to `broken` and marking
+/// goes on with the rest; a failing store stops it.
+fn mark_image(
+    store: &Store,
+    m: &Digest,
+    live: &mut HashSet<String>,
+    broken: &mut dyn FnMut(StoreError) -> Result<(), GcError>,
+) -> Result<(), GcError> {
+    let mut check = |r: Result<(), StoreError>| match r {
+        Err(e) if is_broken(&e) => broken(e),
+        Err(e) => Err(GcError::Store(e)),
+        Ok(()) => Ok(()),
+    };
     if !live.insert(key::manifest(m)) {
         return Ok(());
     }
-    let manifest = store.get_manifest(m)?;
+    let manifest = match store.get_manifest(m) {
+        Ok(x) => x,
+        Err(e) => return check(Err(e)),
+    };
     for l in &manifest.layers {
         if !live.insert(key::layer(&l.digest)) {
             continue;
         }
-        let desc = store.get_layer(&l.digest)?;
-        live.insert(key::meta(&desc.meta.digest));
-        if let Some(base) = store.meta_base(&desc.meta.digest)? {
-            live.insert(key::meta(&base));
-        }
-        for b in &desc.blobs {
-            live.insert(key::blob(&b.digest));
-        }
+        check(mark_layer(store, &l.digest, live))?;
     }
     let pointer = key::plan_of(m);
     if let Some(p) = store.get_index(&pointer)? {
@@ -71,57 +171,155 @@ fn mark_image(store: &Store, m: &Digest, live: &mut HashSet<String>) -> Result<(
     Ok(())
 }
 
-/// An `oci/<chain id>` import record stays while the layer it names is live.
-fn oci_record_live(store: &Store, key_: &str, live: &HashSet<String>) -> bool {
-    let Ok(Some(b)) = store.get_index(key_) else {
-        return false;
-    };
-    let text = String::from_utf8_lossy(&b);
-    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == ':'))
-        .filter_map(|w| w.parse::<Digest>().ok())
-        .any(|d| live.contains(&key::layer(&d)))
+fn mark_layer(store: &Store, d: &Digest, live: &mut HashSet<String>) -> Result<(), StoreError> {
+    let desc = store.get_layer(d)?;
+    live.insert(key::meta(&desc.meta.digest));
+    if let Some(base) = store.meta_base(&desc.meta.digest)? {
+        live.insert(key::meta(&base));
+    }
+    for b in &desc.blobs {
+        live.insert(key::blob(&b.digest));
+    }
+    Ok(())
 }
 
-/// Collects garbage (see the module documentation). `now` is the reference time for `grace`.
-pub fn collect(
-    store: &Store,
-    grace: Duration,
-    dry_run: bool,
-    now: SystemTime,
-) -> Result<GcReport, StoreError> {
+/// An `oci/<chain id>` import record stays while the layer it names is live.
+fn oci_record_live(store: &Store, key_: &str, live: &HashSet<String>) -> Result<bool, StoreError> {
+    let Some(b) = store.get_index(key_)? else {
+        return Ok(false);
+    };
+    let text = String::from_utf8_lossy(&b);
+    Ok(text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == ':'))
+        .filter_map(|w| w.parse::<Digest>().ok())
+        .any(|d| live.contains(&key::layer(&d))))
+}
+
+/// Marks everything the store's tags reach.
+fn mark(store: &Store, o: &GcOptions, report: &mut GcReport) -> Result<HashSet<String>, GcError> {
+    let tags = store.tags()?;
+    let mut broken: Vec<BrokenRef> = Vec::new();
+    for b in tags.broken {
+        let tag = b.tag.clone().unwrap_or_else(|| b.key.clone());
+        let source = StoreError::Malformed {
+            key: b.key,
+            why: b.why,
+        };
+        if !o.skip_broken {
+            return Err(GcError::Broken { tag, source });
+        }
+        broken.push(BrokenRef {
+            tag,
+            error: source.to_string(),
+        });
+    }
+    let mut live = HashSet::new();
+    for (t, m) in tags.good {
+        report.tags += 1;
+        let mut on_broken = |source: StoreError| {
+            if !o.skip_broken {
+                return Err(GcError::Broken {
+                    tag: t.to_string(),
+                    source,
+                });
+            }
+            broken.push(BrokenRef {
+                tag: t.to_string(),
+                error: source.to_string(),
+            });
+            Ok(())
+        };
+        mark_image(store, &m, &mut live, &mut on_broken)?;
+    }
+    report.broken = broken;
+    Ok(live)
+}
+
+/// Collects garbage (see the module documentation).
+pub fn collect(store: &Store, o: &GcOptions) -> Result<GcReport, GcError> {
     let mut report = GcReport {
-        dry_run,
+        dry_run: o.dry_run,
         ..GcReport::default()
     };
-    let mut live = HashSet::new();
-    for (_, m) in store.tags()? {
-        report.tags += 1;
-        mark_image(store, &m, &mut live)?;
-    }
-    let cutoff = now
-        .checked_sub(grace)
+    let live = mark(store, o, &mut report)?;
+    let cutoff = o
+        .now
+        .checked_sub(o.grace)
         .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
         .map_or(i64::MIN, |d| d.as_secs() as i64);
+    let mut marks: HashMap<String, i64> = store
+        .list_info(MARKS)?
+        .into_iter()
+        .filter_map(|(k, _, t)| Some((k.strip_prefix(MARKS)?.strip_prefix('/')?.to_string(), t)))
+        .collect();
     for prefix in SWEPT {
         for (k, size, modified) in store.list_info(prefix)? {
-            let keep = live.contains(&k) || (prefix == "oci" && oci_record_live(store, &k, &live));
-            if keep {
+            let mark = marks.remove(&k);
+            let keep = live.contains(&k) || (prefix == "oci" && oci_record_live(store, &k, &live)?);
+            let verdict = if keep {
                 report.live += 1;
-                continue;
-            }
-            if modified > cutoff {
+                Verdict::Keep
+            } else if modified > cutoff {
                 report.young += 1;
-                continue;
+                Verdict::Keep
+            } else if o.grace.is_zero() {
+                Verdict::Delete
+            } else {
+                match mark {
+                    // Condemned at least `grace` ago and not written since: nothing took it up.
+                    Some(t) if t <= cutoff && modified <= t => Verdict::Delete,
+                    Some(t) if modified <= t => {
+                        report.pending += 1;
+                        continue;
+                    }
+                    _ => Verdict::Condemn,
+                }
+            };
+            match verdict {
+                Verdict::Keep => {
+                    if mark.is_some() && !o.dry_run {
+                        store.delete(&key::condemned(&k))?;
+                    }
+                }
+                Verdict::Condemn => {
+                    if !o.dry_run {
+                        store.put_index(&key::condemned(&k), b"condemned by gc\n".to_vec())?;
+                    }
+                    report.condemned += 1;
+                    report.condemned_bytes += size;
+                }
+                Verdict::Delete => {
+                    if !o.dry_run {
+                        store.delete(&k)?;
+                        if mark.is_some() {
+                            store.delete(&key::condemned(&k))?;
+                        }
+                    }
+                    report.deleted += 1;
+                    report.deleted_bytes += size;
+                    if report.keys.len() < 1000 {
+                        report.keys.push(k);
+                    }
+                }
             }
-            if !dry_run {
-                store.delete(&k)?;
-            }
-            report.deleted += 1;
-            report.deleted_bytes += size;
-            if report.keys.len() < 1000 {
-                report.keys.push(k);
-            }
+        }
+    }
+    // Marks of objects that are gone.
+    if !o.dry_run {
+        for k in marks.keys() {
+            store.delete(&key::condemned(k))?;
         }
     }
     Ok(report)
 }
+
+/// What the sweep does with one object.
+enum Verdict {
+    Keep,
+    Condemn,
+    Delete,
+}
+
+#[cfg(test)]
+#[path = "gc_tests.rs"]
+mod tests;

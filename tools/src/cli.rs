@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
-use crate::{images, import, layers, node, snapshot, trace, view};
+use crate::{catalog, images, import, layers, node, progress, snapshot, trace, view};
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
@@ -18,6 +18,16 @@ pub struct Cli {
     /// stratad's control socket.
     #[arg(long, global = true, env = "STRATA_SOCKET", default_value = node::DEFAULT_SOCKET)]
     pub socket: PathBuf,
+    /// Progress of long commands on standard error: a redrawn line on a terminal (tty), a line every
+    /// few seconds (plain: the default when standard error is not a terminal), or none.
+    #[arg(
+        long,
+        global = true,
+        env = "STRATA_PROGRESS",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub progress: progress::Mode,
     #[command(subcommand)]
     pub cmd: Cmd,
 }
@@ -30,7 +40,9 @@ pub enum Cmd {
     Compose(images::ComposeArgs),
     /// Point NAME:TAG at an image (compare-and-swap).
     Tag(images::TagArgs),
-    /// List tagged images.
+    /// Delete tags (compare-and-swap); `strata gc` then reclaims what nothing reaches.
+    Rmi(catalog::RmiArgs),
+    /// List tagged images; tags that cannot be followed are reported by name (exit status 5).
     Images {
         #[arg(long)]
         json: bool,
@@ -117,8 +129,8 @@ pub enum Cmd {
     PackDiff(snapshot::PackDiffArgs),
     /// Collapse an image's layers (from --from N to the top) into one, applying whiteouts.
     Flatten(snapshot::FlattenArgs),
-    /// Delete store objects no tag reaches (older than --grace).
-    Gc(images::GcArgs),
+    /// Delete store objects no tag reaches (older than --grace); deletes nothing while a tag is broken.
+    Gc(catalog::GcArgs),
     /// Record which chunks a command reads in an image (through stratad), as the image's prefetch plan.
     Trace(trace::TraceArgs),
     /// Write a layer's metadata and uncompressed blob views so the kernel or fsck.erofs can read it.
@@ -143,13 +155,18 @@ pub struct PackDiffCli {
     /// stratad's control socket.
     #[arg(long, env = "STRATA_SOCKET", default_value = node::DEFAULT_SOCKET)]
     pub socket: PathBuf,
+    /// Progress on standard error: auto, tty, plain (a line every few seconds) or none.
+    #[arg(long, env = "STRATA_PROGRESS", value_enum, default_value = "auto")]
+    pub progress: progress::Mode,
     #[command(flatten)]
     pub args: snapshot::PackDiffArgs,
 }
 
 /// Runs `pack_diff`.
 pub fn run_pack_diff(cli: PackDiffCli) -> Result<()> {
-    let store = Store::open(&cli.store).with_context(|| format!("opening store {}", cli.store))?;
+    progress::set_mode(cli.progress);
+    let store =
+        Store::open_existing(&cli.store).with_context(|| format!("opening store {}", cli.store))?;
     snapshot::pack_diff(&store, &cli.socket, cli.args)
 }
 
@@ -157,6 +174,7 @@ pub fn run_pack_diff(cli: PackDiffCli) -> Result<()> {
 /// store: opening one builds an async runtime (threads started, then joined at exit) and creates a local
 /// store's directory, which cost `strata mount` more than its request to the daemon.
 pub fn run(cli: Cli) -> Result<()> {
+    progress::set_mode(cli.progress);
     let socket = &cli.socket;
     let cmd = match cli.cmd {
         Cmd::Mount {
@@ -189,12 +207,18 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Ps { json } => return node::ps(socket, json),
         cmd => cmd,
     };
-    let store = Store::open(&cli.store).with_context(|| format!("opening store {}", cli.store))?;
+    // Only commands that add to a store create it; the rest need one that exists.
+    let open = match cmd {
+        Cmd::Build(_) | Cmd::Import(_) => Store::open,
+        _ => Store::open_existing,
+    };
+    let store = open(&cli.store).with_context(|| format!("opening store {}", cli.store))?;
     match cmd {
         Cmd::Build(a) => layers::build(&store, a),
         Cmd::Compose(a) => images::compose(&store, a),
         Cmd::Tag(a) => images::tag(&store, a),
-        Cmd::Images { json } => images::list(&store, json),
+        Cmd::Rmi(a) => catalog::rmi(&store, a),
+        Cmd::Images { json } => catalog::list(&store, json),
         Cmd::Inspect { reference, json } => images::inspect(&store, &reference, json),
         Cmd::Ls {
             reference,
@@ -207,7 +231,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::PackDiff(a) => snapshot::pack_diff(&store, socket, a),
         Cmd::Flatten(a) => snapshot::flatten(&store, a),
         Cmd::Trace(a) => trace::trace(&store, socket, a),
-        Cmd::Gc(a) => images::gc(&store, a),
+        Cmd::Gc(a) => catalog::gc(&store, a),
         Cmd::Bundle {
             image,
             sandbox,

@@ -7,7 +7,7 @@
 //! | 2 | bad usage (unknown flag, invalid reference or option) |
 //! | 3 | not found (image, tag, layer, path in an image, source) |
 //! | 4 | conflict (a tag changed concurrently) |
-//! | 5 | corrupt or malformed data (digest mismatch, bad metadata, bad tar, a broken OCI source) |
+//! | 5 | corrupt or malformed data (digest mismatch, bad metadata, bad tar, a broken OCI source, a tag that cannot be followed) |
 //! | 6 | store unreachable or failing |
 //! | 7 | sandbox state: leftovers of a stopped sandbox, a resume of another image, processes in a rootfs |
 //!
@@ -17,6 +17,9 @@
 use strata_builder::oci::OciError;
 use strata_builder::BuildError;
 use strata_fs::api::{ClientError, ErrorKind};
+
+use crate::catalog::BrokenTags;
+use strata_registry::gc::GcError;
 use strata_registry::model::ModelError;
 use strata_registry::store::StoreError;
 
@@ -32,7 +35,7 @@ pub struct Usage(pub String);
 
 fn store_code(e: &StoreError) -> i32 {
     match e {
-        StoreError::NotFound(_) => 3,
+        StoreError::NotFound(_) | StoreError::NoStore { .. } => 3,
         StoreError::TagConflict { .. } => 4,
         StoreError::Corrupt { .. } | StoreError::Malformed { .. } | StoreError::Model(_) => 5,
         StoreError::Backend { .. } | StoreError::Timeout { .. } => 6,
@@ -71,6 +74,14 @@ fn daemon_code(e: &ClientError) -> i32 {
 /// The exit status for an error.
 pub fn code(e: &anyhow::Error) -> i32 {
     for cause in e.chain() {
+        // A collection or listing stopped by a broken tag: the data is damaged, whatever the object.
+        if matches!(
+            cause.downcast_ref::<GcError>(),
+            Some(GcError::Broken { .. })
+        ) || cause.downcast_ref::<BrokenTags>().is_some()
+        {
+            return 5;
+        }
         if let Some(s) = cause.downcast_ref::<StoreError>() {
             return store_code(s);
         }

@@ -6,7 +6,7 @@ use strata_registry::digest::Digest;
 use strata_registry::model::{
     ImageConfig, LayerDescriptor, LayerKind, Manifest, ManifestLayer, Reference, TagName, SCHEMA,
 };
-use strata_registry::store::{Store, StoreError};
+use strata_registry::store::{key, Store, StoreError, TagState};
 
 use crate::exit::{NotFound, Usage};
 
@@ -100,18 +100,22 @@ pub struct ComposeArgs {
     /// Tag for the new image.
     #[arg(short = 't', long = "tag")]
     pub tag: String,
+    /// Move the tag if it already names another image.
+    #[arg(long)]
+    pub force: bool,
     #[arg(long)]
     pub json: bool,
 }
 
-/// Makes and tags a manifest from layers.
+/// Makes and tags a manifest from layers; an existing tag naming another image moves only if `force`.
 pub fn make_image(
     store: &Store,
     layers: Vec<(Digest, LayerDescriptor)>,
     config: ImageConfig,
     tag: &TagName,
+    force: bool,
 ) -> Result<Digest> {
-    make_annotated_image(store, layers, config, Default::default(), tag)
+    make_annotated_image(store, layers, config, Default::default(), tag, force)
 }
 
 /// Makes and tags a manifest from layers, with annotations.
@@ -121,6 +125,7 @@ pub fn make_annotated_image(
     config: ImageConfig,
     annotations: std::collections::BTreeMap<String, String>,
     tag: &TagName,
+    force: bool,
 ) -> Result<Digest> {
     if let Some((d, bottom)) = layers.first() {
         if bottom.stats.whiteouts > 0 {
@@ -143,9 +148,39 @@ pub fn make_annotated_image(
         annotations,
     };
     let digest = store.put_manifest(&m)?;
-    let prev = store.tag_get(tag)?;
-    store.tag_set(tag, prev.as_ref(), &digest)?;
+    set_tag(store, tag, &digest, force)?;
     Ok(digest)
+}
+
+/// The state of `tag` to compare-and-swap against, refusing a tag that exists unless `force`: the
+/// check a command makes before it starts work that ends in moving the tag.
+pub fn claim_tag(store: &Store, tag: &TagName, force: bool) -> Result<Option<TagState>> {
+    let prev = store.tag_get(tag)?;
+    if let (Some(p), false) = (&prev, force) {
+        return Err(moving_refused(tag, &p.digest).into());
+    }
+    Ok(prev)
+}
+
+fn moving_refused(tag: &TagName, found: &Digest) -> StoreError {
+    StoreError::TagConflict {
+        tag: tag.to_string(),
+        expected: "absent (pass --force to move an existing tag)".into(),
+        found: found.to_string(),
+    }
+}
+
+/// Points `tag` at `digest` by compare-and-swap. A tag that already names `digest` is left as it is; one
+/// naming another image is moved only if `force`.
+pub fn set_tag(store: &Store, tag: &TagName, digest: &Digest, force: bool) -> Result<()> {
+    let prev = store.tag_get(tag)?;
+    match &prev {
+        Some(p) if p.digest == *digest => return Ok(()),
+        Some(p) if !force => return Err(moving_refused(tag, &p.digest).into()),
+        _ => {}
+    }
+    store.tag_set(tag, prev.as_ref(), digest)?;
+    Ok(())
 }
 
 /// `strata compose`.
@@ -171,7 +206,7 @@ pub fn compose(store: &Store, a: ComposeArgs) -> Result<()> {
             }
         }
     }
-    let digest = make_image(store, layers, config, &tag)?;
+    let digest = make_image(store, layers, config, &tag, a.force)?;
     if a.json {
         println!(
             "{}",
@@ -226,57 +261,30 @@ pub fn tag(store: &Store, a: TagArgs) -> Result<()> {
     Ok(())
 }
 
-/// Stored bytes of an image: its layers' metadata and the distinct blobs they reference.
-fn image_size(store: &Store, m: &Manifest) -> Result<(u64, u64)> {
-    let mut blobs = std::collections::BTreeMap::new();
-    let mut meta = 0;
+/// Bytes an image occupies in the store — its layers' metadata objects as stored (compressed, and the
+/// base of a patch), the distinct blobs they reference — and the logical bytes of its files.
+pub(crate) fn image_size(store: &Store, m: &Manifest) -> Result<(u64, u64)> {
+    let mut objects = std::collections::BTreeMap::new();
     let mut logical = 0;
     for l in &m.layers {
         let d = store.get_layer(&l.digest)?;
-        meta += d.meta.size;
         logical += d.stats.file_bytes;
+        let mut metas = vec![d.meta.digest];
+        metas.extend(store.meta_base(&d.meta.digest)?);
+        for md in metas {
+            let k = key::meta(&md);
+            if let std::collections::btree_map::Entry::Vacant(e) = objects.entry(k) {
+                let n = store
+                    .size(e.key())?
+                    .ok_or_else(|| StoreError::NotFound(e.key().clone()))?;
+                e.insert(n);
+            }
+        }
         for b in &d.blobs {
-            blobs.insert(b.digest, b.size);
+            objects.insert(key::blob(&b.digest), b.size);
         }
     }
-    Ok((meta + blobs.values().sum::<u64>(), logical))
-}
-
-/// `strata images`.
-pub fn list(store: &Store, json_out: bool) -> Result<()> {
-    let tags = store.tags()?;
-    let mut rows = Vec::new();
-    for (t, d) in tags {
-        let m = store.get_manifest(&d)?;
-        let (stored, logical) = image_size(store, &m)?;
-        rows.push((t, d, m.layers.len(), stored, logical));
-    }
-    if json_out {
-        let v: Vec<_> = rows
-            .iter()
-            .map(|(t, d, n, s, l)| {
-                json!({"name": t.name, "tag": t.tag, "digest": d.to_string(), "layers": n,
-                       "stored_bytes": s, "file_bytes": l})
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    println!(
-        "{:<40} {:<20} {:>6} {:>12} {:>12}",
-        "NAME:TAG", "DIGEST", "LAYERS", "STORED", "FILES"
-    );
-    for (t, d, n, s, l) in rows {
-        println!(
-            "{:<40} {:<20} {:>6} {:>12} {:>12}",
-            t.to_string(),
-            format!("blake3:{}", d.short()),
-            n,
-            human(s),
-            human(l)
-        );
-    }
-    Ok(())
+    Ok((objects.values().sum(), logical))
 }
 
 /// Bytes for humans.
@@ -368,58 +376,4 @@ fn print_layer(d: &Digest, l: &LayerDescriptor) {
             b.chunks
         );
     }
-}
-
-/// Arguments of `strata gc`.
-#[derive(clap::Args)]
-pub struct GcArgs {
-    /// Keep unreferenced objects younger than this (builds in flight): e.g. 24h, 30m, 7d, 0s.
-    #[arg(long, default_value = "24h")]
-    pub grace: String,
-    /// Report what would be deleted; delete nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// Parses `90s`, `30m`, `24h`, `7d`.
-fn parse_duration(s: &str) -> Result<std::time::Duration> {
-    let s = s.trim();
-    let bad = || {
-        Usage(format!(
-            "duration {s:?}: use a number and s, m, h or d, e.g. 24h"
-        ))
-    };
-    let unit = s.chars().last().ok_or_else(bad)?;
-    let mult = match unit {
-        's' => 1,
-        'm' => 60,
-        'h' => 3600,
-        'd' => 86400,
-        _ => return Err(bad().into()),
-    };
-    let n: u64 = s[..s.len() - 1].parse().map_err(|_| bad())?;
-    Ok(std::time::Duration::from_secs(n.saturating_mul(mult)))
-}
-
-/// `strata gc`.
-pub fn gc(store: &Store, a: GcArgs) -> Result<()> {
-    let grace = parse_duration(&a.grace)?;
-    let r = strata_registry::gc::collect(store, grace, a.dry_run, std::time::SystemTime::now())?;
-    if a.json {
-        println!("{}", serde_json::to_string(&r)?);
-        return Ok(());
-    }
-    let verb = if a.dry_run { "would delete" } else { "deleted" };
-    println!(
-        "{} tags, {} live objects; {verb} {} objects ({}); kept {} unreferenced objects younger than {}",
-        r.tags,
-        r.live,
-        r.deleted,
-        human(r.deleted_bytes),
-        r.young,
-        a.grace
-    );
-    Ok(())
 }

@@ -31,6 +31,9 @@ pub struct ImportArgs {
     /// Tag for the imported image.
     #[arg(short = 't', long = "tag")]
     pub tag: String,
+    /// Move the tag if it already names another image.
+    #[arg(long)]
+    pub force: bool,
     /// Platform to pick from a multi-platform index: os/arch[/variant] (default: linux/<this machine>).
     #[arg(long)]
     pub platform: Option<String>,
@@ -120,6 +123,7 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
         image.config.clone(),
         oci::annotations(&image),
         &tag,
+        a.force,
     )?;
     let stored: u64 = layers.iter().map(|l| l.stored_bytes()).sum::<u64>()
         + flattened.as_ref().map_or(0, |(_, s)| s.stored_bytes);

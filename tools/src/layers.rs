@@ -3,8 +3,7 @@
 use std::io::IsTerminal;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use serde_json::json;
@@ -30,6 +29,9 @@ pub struct BuildArgs {
     /// Also make a one-layer image and tag it NAME:TAG.
     #[arg(short = 't', long = "tag")]
     pub tag: Option<String>,
+    /// With -t: move the tag if it already names another image.
+    #[arg(long, requires = "tag")]
+    pub force: bool,
     /// Deduplicate against this layer, or every layer of this image.
     #[arg(long)]
     pub parent: Vec<String>,
@@ -49,32 +51,16 @@ pub struct BuildArgs {
     pub json: bool,
 }
 
-/// Shows bytes processed on standard error while `f` runs, if standard error is a terminal.
+/// Shows bytes processed on standard error while `f` runs, as `--progress` says ([`crate::progress`]).
 pub(crate) fn with_progress<T>(
     counter: std::sync::Arc<std::sync::atomic::AtomicU64>,
     f: impl FnOnce() -> T,
 ) -> T {
-    if !std::io::stderr().is_terminal() {
-        return f();
-    }
-    let bar = indicatif::ProgressBar::new_spinner();
-    bar.enable_steady_tick(Duration::from_millis(120));
-    let start = Instant::now();
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (b2, d2, c2) = (bar.clone(), done.clone(), counter.clone());
-    let t = std::thread::spawn(move || {
-        while !d2.load(Ordering::Relaxed) {
-            let n = c2.load(Ordering::Relaxed);
-            let rate = n as f64 / start.elapsed().as_secs_f64().max(0.001);
-            b2.set_message(format!("{} read, {}/s", human(n), human(rate as u64)));
-            std::thread::sleep(Duration::from_millis(120));
-        }
-    });
-    let out = f();
-    done.store(true, Ordering::Relaxed);
-    let _ = t.join();
-    bar.finish_and_clear();
-    out
+    let c = crate::progress::Counters {
+        bytes: counter,
+        ..Default::default()
+    };
+    crate::progress::watch("strata", c, f)
 }
 
 /// Adds `KEY=VALUE` labels given on the command line.
@@ -125,6 +111,7 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
             vec![(built.digest, built.descriptor.clone())],
             ImageConfig::default(),
             t,
+            a.force,
         )?),
         None => None,
     };

@@ -5,6 +5,7 @@
 //! document for machines; progress goes to standard error only when it is a terminal. Exit codes are
 //! documented in `docs/CLI.md` and come from [`exit::code`].
 
+mod catalog;
 pub mod cli;
 pub mod daemon;
 mod exit;
@@ -14,6 +15,7 @@ mod images;
 mod import;
 mod layers;
 mod node;
+mod progress;
 mod signals;
 mod snapshot;
 mod systemd;

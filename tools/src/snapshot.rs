@@ -26,11 +26,11 @@ use strata_builder::BuildError;
 use strata_fs::api::Client;
 use strata_registry::digest::Digest;
 use strata_registry::model::{LayerKind, LayerStats, Manifest, ManifestLayer, TagName, SCHEMA};
-use strata_registry::store::{Store, StoreError, TagState};
+use strata_registry::store::{Store, TagState};
 
 use crate::exit::{NotFound, Usage};
 use crate::freeze::Frozen;
-use crate::images::{human, resolve_image};
+use crate::images::{claim_tag, human, resolve_image};
 use crate::layers::{add_labels, with_progress};
 use crate::view::View;
 
@@ -169,27 +169,13 @@ fn in_layer(layer: &Path, path: &[u8]) -> bool {
     }
 }
 
-/// Refuses to move an existing tag unless forced; returns the state to compare-and-swap against.
-fn tag_state(store: &Store, tag: &TagName, force: bool) -> Result<Option<TagState>> {
-    let prev = store.tag_get(tag)?;
-    if let (Some(p), false) = (&prev, force) {
-        return Err(StoreError::TagConflict {
-            tag: tag.to_string(),
-            expected: "absent (pass --force to move an existing tag)".into(),
-            found: p.digest.to_string(),
-        }
-        .into());
-    }
-    Ok(prev)
-}
-
 /// `pack_diff` / `strata pack-diff`.
 pub fn pack_diff(store: &Store, socket: &Path, a: PackDiffArgs) -> Result<()> {
     let start = Instant::now();
     let tag = TagName::parse(&a.tag)?;
     let excludes = Excludes::new(&a.exclude).map_err(|e| Usage(e.to_string()))?;
     let t = target(store, socket, &a)?;
-    let prev = tag_state(store, &tag, a.force)?;
+    let prev = claim_tag(store, &tag, a.force)?;
     let mut opts = BuildOptions::new(LayerKind::Diff);
     opts.parents = t.manifest.layers.iter().rev().map(|l| l.digest).collect();
     opts.patch_meta = false;
@@ -329,6 +315,9 @@ pub struct FlattenArgs {
     /// First layer (0 = bottom) of the range collapsed; the layers below it are kept as they are.
     #[arg(long, default_value_t = 0)]
     pub from: usize,
+    /// Move the tag if it already names another image (flattening an image in place).
+    #[arg(long)]
+    pub force: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -338,6 +327,7 @@ pub fn flatten(store: &Store, a: FlattenArgs) -> Result<()> {
     let start = Instant::now();
     let tag = TagName::parse(&a.tag)?;
     let (_, m) = resolve_image(store, &a.reference)?;
+    let prev = claim_tag(store, &tag, a.force)?;
     let n = m.layers.len();
     if a.from >= n {
         bail!(Usage(format!(
@@ -357,7 +347,6 @@ pub fn flatten(store: &Store, a: FlattenArgs) -> Result<()> {
     let built = with_progress(opts.progress.clone(), || {
         strata_builder::flatten::flatten(store, &below, &range, opts)
     })?;
-    let prev = store.tag_get(&tag)?;
     let digest = put_image(store, &m, a.from, (built.digest, kind), &tag, prev)?;
     let s = &built.descriptor.stats;
     let out = json!({

@@ -186,6 +186,9 @@ fn reusable(
         }
         Err(e) => return Err(e.into()),
     };
+    if store.layer_unreusable(&digest, &desc)?.is_some() {
+        return stale("garbage collection condemned the layer or one of its objects");
+    }
     if desc.labels.get(DIFF_ID_LABEL) != Some(&layer.diff_id.to_string())
         || desc.labels.get(CHAIN_ID_LABEL) != Some(&chain_id.to_string())
     {

@@ -614,6 +614,6 @@ mod tests {
             matches!(stale, Err(StoreError::TagConflict { .. })),
             "{stale:?}"
         );
-        assert_eq!(store.tags().expect("tags"), vec![(t, d)]);
+        assert_eq!(store.tags().expect("tags").good, vec![(t, d)]);
     }
 }

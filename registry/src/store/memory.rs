@@ -34,6 +34,8 @@ struct Objects {
 pub struct MemoryStore {
     url: String,
     objects: Mutex<Objects>,
+    /// A fixed "now" for modification times (Unix seconds), for tests of time-dependent logic.
+    clock: Mutex<Option<i64>>,
 }
 
 impl Default for MemoryStore {
@@ -66,7 +68,20 @@ impl MemoryStore {
         MemoryStore {
             url: url.to_string(),
             objects: Mutex::new(Objects::default()),
+            clock: Mutex::new(None),
         }
+    }
+
+    /// Stamps later writes with `secs` (Unix seconds) instead of the real time; `None` restores it.
+    pub fn set_clock(&self, secs: Option<i64>) {
+        *self.clock.lock().unwrap_or_else(|e| e.into_inner()) = secs;
+    }
+
+    fn now(&self) -> i64 {
+        self.clock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(now)
     }
 
     fn lock(&self) -> MutexGuard<'_, Objects> {
@@ -127,6 +142,7 @@ impl StoreBackend for MemoryStore {
     }
 
     fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<Version, StoreError> {
+        let stamp = self.now();
         let mut objects = self.lock();
         let current = objects.map.get(key).map(|o| version(o.version));
         let allowed = match &mode {
@@ -144,7 +160,7 @@ impl StoreBackend for MemoryStore {
             Object {
                 data,
                 version: n,
-                modified: now(),
+                modified: stamp,
             },
         );
         Ok(version(n))

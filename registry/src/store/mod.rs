@@ -10,6 +10,7 @@
 //! tags/<name>/<tag>      tags (the text `blake3:<hex>`); a local store serializes updates with tags/.lock
 //! plans/<hex>.json       prefetch plans (content addressed); plans/by-manifest/<hex> names an image's plan
 //! oci/<sha256>           import records: the layer made from an OCI layer, by its chain ID
+//! gc/condemned/<key>     garbage collection's marks on unreferenced objects it will delete later
 //! tmp/                   a local store's spool for blobs being written
 //! ```
 //!
@@ -34,6 +35,7 @@ mod frames;
 pub mod memory;
 pub mod object;
 mod tagfile;
+mod tags;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -42,7 +44,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::digest::Digest;
-use crate::model::{JsonObject, LayerDescriptor, Manifest, ModelError, TagName};
+use crate::model::{JsonObject, LayerDescriptor, Manifest, ModelError};
 use crate::toc::{Footer, Toc, TocError, FOOTER_LEN};
 
 pub use backend::ObjectStoreBackend;
@@ -86,6 +88,10 @@ pub enum StoreError {
         expected: String,
         found: String,
     },
+    #[error(
+        "store {url} does not exist (no directory {path}); the first build or import creates it"
+    )]
+    NoStore { url: String, path: PathBuf },
     #[error("invalid store URL {url:?}: {why}")]
     BadUrl { url: String, why: String },
     #[error("{path}: {source}")]
@@ -141,6 +147,11 @@ pub mod key {
     pub fn plan_of(manifest: &Digest) -> String {
         format!("plans/by-manifest/{}", manifest.hex())
     }
+    /// The marker garbage collection leaves on an unreferenced object it will delete in a later run
+    /// (see [`crate::gc`]).
+    pub fn condemned(object_key: &str) -> String {
+        format!("gc/condemned/{object_key}")
+    }
     /// The layer imported from the OCI layer whose chain ID (the layer and the layers below it) is
     /// `sha256:<chain_id_hex>`.
     pub fn oci_import(chain_id_hex: &str) -> String {
@@ -148,12 +159,7 @@ pub mod key {
     }
 }
 
-/// A tag's current value and version, for a later compare-and-swap.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TagState {
-    pub digest: Digest,
-    version: Option<Version>,
-}
+pub use tags::{BrokenTag, TagList, TagState};
 
 /// An open store.
 pub struct Store {
@@ -165,7 +171,26 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens the store at `url` (`file:///path` or `s3://bucket/prefix`).
+    /// Opens a store that must already exist: a `file://` store whose directory is missing is
+    /// [`StoreError::NoStore`] and nothing is created (commands that only read use this).
+    pub fn open_existing(url: &str) -> Result<Store, StoreError> {
+        if let Some(path) = url
+            .strip_prefix("file://")
+            .or(url.starts_with('/').then_some(url))
+        {
+            let root = Path::new(path);
+            if root.is_absolute() && !root.is_dir() {
+                return Err(StoreError::NoStore {
+                    url: url.to_string(),
+                    path: root.to_path_buf(),
+                });
+            }
+        }
+        Store::open(url)
+    }
+
+    /// Opens the store at `url` (`file:///path` or `s3://bucket/prefix`), creating a local store's
+    /// directory.
     pub fn open(url: &str) -> Result<Store, StoreError> {
         let bad = |why: &str| StoreError::BadUrl {
             url: url.to_string(),
@@ -242,9 +267,34 @@ impl Store {
         Ok(self.backend.head(key)?.is_some())
     }
 
-    /// Stores content-addressed bytes under `key` unless already there.
+    /// True if an object can be relied on by a new reference: it exists and garbage collection has not
+    /// condemned it. A condemned object is written again, which makes it young, so the collection
+    /// that condemned it keeps it (see [`crate::gc`]).
+    pub fn reusable(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self.exists(key)? && !self.exists(&key::condemned(key))?)
+    }
+
+    /// The first object of a stored layer (its descriptor, metadata, metadata base, blobs) that cannot be
+    /// relied on by a new reference ([`Store::reusable`]), if any.
+    pub fn layer_unreusable(
+        &self,
+        d: &Digest,
+        l: &LayerDescriptor,
+    ) -> Result<Option<String>, StoreError> {
+        let mut keys = vec![key::layer(d), key::meta(&l.meta.digest)];
+        keys.extend(self.meta_base(&l.meta.digest)?.map(|b| key::meta(&b)));
+        keys.extend(l.blobs.iter().map(|b| key::blob(&b.digest)));
+        for k in keys {
+            if !self.reusable(&k)? {
+                return Ok(Some(k));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Stores content-addressed bytes under `key` unless already there (and not condemned by gc).
     pub fn put_bytes(&self, key: &str, data: Vec<u8>) -> Result<(), StoreError> {
-        if self.exists(key)? {
+        if self.reusable(key)? {
             return Ok(());
         }
         self.backend
@@ -291,7 +341,7 @@ impl Store {
     /// Stores a blob from a spool file named by its digest; the file is consumed.
     pub fn put_blob_file(&self, digest: &Digest, file: &Path) -> Result<(), StoreError> {
         let key = key::blob(digest);
-        if self.exists(&key)? {
+        if self.reusable(&key)? {
             let _ = std::fs::remove_file(file);
             return Ok(());
         }
@@ -324,7 +374,9 @@ impl Store {
         let d = Digest::of(meta);
         let key = key::meta(&d);
         let patch = match base {
-            Some((bd, bimg)) if !self.meta_is_patch(bd)? => Some((bd, bimg)),
+            Some((bd, bimg)) if !self.meta_is_patch(bd)? && self.reusable(&key::meta(bd))? => {
+                Some((bd, bimg))
+            }
             _ => None,
         };
         let z = match patch {
@@ -513,132 +565,13 @@ impl Store {
     }
 
     /// The size of an object, or `None` if it does not exist.
-    fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
+    pub fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
         Ok(self.backend.head(key)?.map(|m| m.size))
     }
 
     /// Deletes an object (garbage collection only: objects are otherwise never deleted).
     pub fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.backend.delete(key)
-    }
-
-    /// The current value of a tag.
-    pub fn tag_get(&self, t: &TagName) -> Result<Option<TagState>, StoreError> {
-        let parse = |b: &[u8], what: &str| -> Result<Digest, StoreError> {
-            std::str::from_utf8(b)
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .ok_or_else(|| StoreError::Malformed {
-                    key: what.to_string(),
-                    why: "not a digest".into(),
-                })
-        };
-        match &self.local {
-            Some(root) => match tagfile::get(root, t)? {
-                Some(v) => Ok(Some(TagState {
-                    digest: parse(&v, &t.to_string())?,
-                    version: None,
-                })),
-                None => Ok(None),
-            },
-            None => {
-                let key = tag_key(t);
-                match self.backend.get(&key) {
-                    Ok((b, v)) => Ok(Some(TagState {
-                        digest: parse(&b, &key)?,
-                        version: Some(v),
-                    })),
-                    Err(e) if e.is_not_found() => Ok(None),
-                    Err(e) => Err(e),
-                }
-            }
-        }
-    }
-
-    /// Points tag `t` at `new` if it still is as `prev` saw it (`None`: the tag did not exist). A tag
-    /// changed by someone else meanwhile is a [`StoreError::TagConflict`] and nothing is written.
-    pub fn tag_set(
-        &self,
-        t: &TagName,
-        prev: Option<&TagState>,
-        new: &Digest,
-    ) -> Result<(), StoreError> {
-        if !self.has_manifest(new)? {
-            return Err(StoreError::NotFound(key::manifest(new)));
-        }
-        let value = format!("{new}\n");
-        let conflict = |found: String| StoreError::TagConflict {
-            tag: t.to_string(),
-            expected: prev.map_or("absent".to_string(), |p| p.digest.to_string()),
-            found,
-        };
-        match &self.local {
-            Some(root) => {
-                let expected = prev.map(|p| format!("{}\n", p.digest));
-                match tagfile::compare_and_swap(
-                    root,
-                    t,
-                    expected.as_deref().map(str::as_bytes),
-                    value.as_bytes(),
-                )? {
-                    Ok(()) => Ok(()),
-                    Err(found) => Err(conflict(found.map_or("absent".into(), |f| {
-                        String::from_utf8_lossy(&f).trim().to_string()
-                    }))),
-                }
-            }
-            None => {
-                let key = tag_key(t);
-                let mode = match prev.and_then(|p| p.version.clone()) {
-                    Some(v) => PutMode::IfMatch(v),
-                    None => PutMode::Create,
-                };
-                match self.backend.put(&key, Bytes::from(value), mode).map(|_| ()) {
-                    Err(StoreError::Precondition(_)) => {
-                        let found = self
-                            .tag_get(t)?
-                            .map_or("absent".to_string(), |s| s.digest.to_string());
-                        Err(conflict(found))
-                    }
-                    other => other,
-                }
-            }
-        }
-    }
-
-    /// Every tag and the manifest it names, sorted.
-    pub fn tags(&self) -> Result<Vec<(TagName, Digest)>, StoreError> {
-        let mut out = Vec::new();
-        match &self.local {
-            Some(root) => {
-                for (t, v) in tagfile::list(root)? {
-                    if let Some(d) = std::str::from_utf8(&v)
-                        .ok()
-                        .and_then(|s| s.trim().parse().ok())
-                    {
-                        out.push((t, d));
-                    }
-                }
-            }
-            None => {
-                for key in self.backend.list("tags")? {
-                    let Some(rest) = key.strip_prefix("tags/") else {
-                        continue;
-                    };
-                    let Some((name, tag)) = rest.rsplit_once('/') else {
-                        continue;
-                    };
-                    let Ok(t) = TagName::parse(&format!("{name}:{tag}")) else {
-                        continue;
-                    };
-                    if let Some(s) = self.tag_get(&t)? {
-                        out.push((t, s.digest));
-                    }
-                }
-            }
-        }
-        out.sort();
-        Ok(out)
     }
 }
 
@@ -678,10 +611,6 @@ fn patch_decompress(payload: &[u8], base: &[u8], len: usize) -> std::io::Result<
         ));
     }
     Ok(out)
-}
-
-fn tag_key(t: &TagName) -> String {
-    format!("tags/{}/{}", t.name, t.tag)
 }
 
 fn malformed(key: &str, e: TocError) -> StoreError {

@@ -79,13 +79,13 @@ pub fn get(root: &Path, t: &TagName) -> Result<Option<Vec<u8>>, StoreError> {
     }
 }
 
-/// Sets a tag to `new` if its value is `expected` (`None`: absent). Returns the value found when it was
-/// not the expected one.
+/// Sets a tag to `new` (`None`: deletes it) if its value is `expected` (`None`: absent). Returns the
+/// value found when it was not the expected one.
 pub fn compare_and_swap(
     root: &Path,
     t: &TagName,
     expected: Option<&[u8]>,
-    new: &[u8],
+    new: Option<&[u8]>,
 ) -> Result<Result<(), Option<Vec<u8>>>, StoreError> {
     let _lock = lock(root)?;
     let current = get(root, t)?;
@@ -93,6 +93,13 @@ pub fn compare_and_swap(
         return Ok(Err(current));
     }
     let p = tag_path(root, t);
+    let Some(new) = new else {
+        return match std::fs::remove_file(&p) {
+            Ok(()) => Ok(Ok(())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ok(())),
+            Err(e) => Err(io(&p, e)),
+        };
+    };
     let dir = p.parent().unwrap_or(root);
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let tmp = dir.join(format!(".{}.tmp-{}", t.tag, std::process::id()));
@@ -104,8 +111,9 @@ pub fn compare_and_swap(
     Ok(Ok(()))
 }
 
-/// Every tag and its value.
-pub fn list(root: &Path) -> Result<Vec<(TagName, Vec<u8>)>, StoreError> {
+/// Every tag file, as its store key (`tags/<name>/<tag>`), and its value. Files whose names start with
+/// `.` (the lock, temporary files of an update) are not tags.
+pub fn list(root: &Path) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
     let base = root.join("tags");
     let mut out = Vec::new();
     let mut stack = vec![base.clone()];
@@ -126,17 +134,11 @@ pub fn list(root: &Path) -> Result<Vec<(TagName, Vec<u8>)>, StoreError> {
                 stack.push(p);
                 continue;
             }
-            let Ok(rel) = p.strip_prefix(&base) else {
+            let Ok(rel) = p.strip_prefix(root) else {
                 continue;
             };
-            let rel = rel.to_string_lossy();
-            let Some((n, tag)) = rel.rsplit_once('/') else {
-                continue;
-            };
-            if let Ok(t) = TagName::parse(&format!("{n}:{tag}")) {
-                let v = std::fs::read(&p).map_err(|er| io(&p, er))?;
-                out.push((t, v));
-            }
+            let v = std::fs::read(&p).map_err(|er| io(&p, er))?;
+            out.push((rel.to_string_lossy().into_owned(), v));
         }
     }
     Ok(out)

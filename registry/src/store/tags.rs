@@ -1,0 +1,332 @@
+//! Tags: `tags/<name>/<tag>` objects naming a manifest, moved and deleted only by compare-and-swap.
+//!
+//! A tag's value is the text `blake3:<hex>\n`. Every change states what the writer saw (a [`TagState`], or
+//! absent) and fails with [`StoreError::TagConflict`], changing nothing, if the tag moved meanwhile:
+//!
+//! - **A local store** serializes changes under `flock` on `tags/.lock` ([`super::tagfile`]); a deleted
+//!   tag's file is removed.
+//! - **S3** has conditional puts (`If-None-Match: *`, `If-Match: <etag>`) but no conditional delete, and an
+//!   unconditional delete could remove a value someone else had just written. A deleted tag is therefore
+//!   overwritten, if-match, with the *tombstone* `deleted\n`, which every reader takes for "absent"; a
+//!   later create replaces the tombstone if-match on its version. Tombstones are a few bytes and are
+//!   never removed.
+//!
+//! **Broken tags.** [`Store::tags`] lists every tag object, and a value that is not a digest, or a key
+//! that is not a tag name, comes back as a [`BrokenTag`] rather than being skipped: garbage collection
+//! must stop rather than take an unreadable tag for an absent one, and `strata images` must name it.
+
+use bytes::Bytes;
+
+use super::{key, tagfile, PutMode, Store, StoreError, Version};
+use crate::digest::Digest;
+use crate::model::TagName;
+
+/// The value of a deleted tag on a store without conditional deletes.
+const TOMBSTONE: &str = "deleted";
+
+/// A tag's current value and version, for a later compare-and-swap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TagState {
+    pub digest: Digest,
+    version: Option<Version>,
+}
+
+/// A tag object whose name or value cannot be read as a tag.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct BrokenTag {
+    /// The store key (`tags/<name>/<tag>`).
+    pub key: String,
+    /// `NAME:TAG`, when the key is a valid tag name.
+    pub tag: Option<String>,
+    pub why: String,
+}
+
+/// Every tag of a store: the readable ones, sorted, and the broken ones.
+#[derive(Clone, Debug, Default)]
+pub struct TagList {
+    pub good: Vec<(TagName, Digest)>,
+    pub broken: Vec<BrokenTag>,
+}
+
+/// What a tag object's bytes say.
+enum Value {
+    Digest(Digest),
+    Tombstone,
+    Bad(String),
+}
+
+fn parse_value(b: &[u8]) -> Value {
+    let Ok(s) = std::str::from_utf8(b) else {
+        return Value::Bad("not UTF-8 text".into());
+    };
+    let s = s.trim();
+    if s.is_empty() {
+        return Value::Bad("empty".into());
+    }
+    if s == TOMBSTONE {
+        return Value::Tombstone;
+    }
+    match s.parse::<Digest>() {
+        Ok(d) => Value::Digest(d),
+        Err(e) => Value::Bad(format!("not a digest: {e}")),
+    }
+}
+
+fn tag_key(t: &TagName) -> String {
+    format!("tags/{}/{}", t.name, t.tag)
+}
+
+/// The tag a store key names (`tags/a/b/v1` is `a/b:v1`).
+fn tag_of_key(k: &str) -> Option<TagName> {
+    let rest = k.strip_prefix("tags/")?;
+    let (name, tag) = rest.rsplit_once('/')?;
+    TagName::parse(&format!("{name}:{tag}")).ok()
+}
+
+impl Store {
+    /// The raw value and version of a tag object (`None`: no object).
+    fn tag_raw(&self, t: &TagName) -> Result<Option<(Bytes, Option<Version>)>, StoreError> {
+        match &self.local {
+            Some(root) => Ok(tagfile::get(root, t)?.map(|v| (Bytes::from(v), None))),
+            None => match self.backend.get(&tag_key(t)) {
+                Ok((b, v)) => Ok(Some((b, Some(v)))),
+                Err(e) if e.is_not_found() => Ok(None),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// The current value of a tag (`None`: absent or deleted). A value that is not a digest is
+    /// [`StoreError::Malformed`], naming the tag.
+    pub fn tag_get(&self, t: &TagName) -> Result<Option<TagState>, StoreError> {
+        let Some((b, version)) = self.tag_raw(t)? else {
+            return Ok(None);
+        };
+        match parse_value(&b) {
+            Value::Digest(digest) => Ok(Some(TagState { digest, version })),
+            Value::Tombstone => Ok(None),
+            Value::Bad(why) => Err(StoreError::Malformed {
+                key: tag_key(t),
+                why: format!("tag {t}: {why}"),
+            }),
+        }
+    }
+
+    fn conflict(t: &TagName, prev: Option<&TagState>, found: Option<Digest>) -> StoreError {
+        StoreError::TagConflict {
+            tag: t.to_string(),
+            expected: prev.map_or("absent".to_string(), |p| p.digest.to_string()),
+            found: found.map_or("absent".to_string(), |d| d.to_string()),
+        }
+    }
+
+    /// What the tag holds now, for a conflict report (a broken value reads as absent here).
+    fn found(&self, t: &TagName) -> Result<Option<Digest>, StoreError> {
+        Ok(match self.tag_raw(t)? {
+            Some((b, _)) => match parse_value(&b) {
+                Value::Digest(d) => Some(d),
+                _ => None,
+            },
+            None => None,
+        })
+    }
+
+    /// Points tag `t` at `new` if it still is as `prev` saw it (`None`: the tag did not exist). A tag
+    /// changed by someone else meanwhile is a [`StoreError::TagConflict`] and nothing is written.
+    pub fn tag_set(
+        &self,
+        t: &TagName,
+        prev: Option<&TagState>,
+        new: &Digest,
+    ) -> Result<(), StoreError> {
+        if !self.has_manifest(new)? {
+            return Err(StoreError::NotFound(key::manifest(new)));
+        }
+        let value = format!("{new}\n");
+        self.tag_swap(t, prev, Some(value.as_bytes()))
+    }
+
+    /// Deletes tag `t` if it still names what `prev` saw. Objects it reached stay until `strata gc`.
+    pub fn tag_delete(&self, t: &TagName, prev: &TagState) -> Result<(), StoreError> {
+        self.tag_swap(t, Some(prev), None)
+    }
+
+    /// Compare-and-swap of a tag object: `new` is the value to write, `None` to delete.
+    fn tag_swap(
+        &self,
+        t: &TagName,
+        prev: Option<&TagState>,
+        new: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        if let Some(root) = &self.local {
+            let expected = prev.map(|p| format!("{}\n", p.digest));
+            return match tagfile::compare_and_swap(
+                root,
+                t,
+                expected.as_deref().map(str::as_bytes),
+                new,
+            )? {
+                Ok(()) => Ok(()),
+                Err(found) => Err(Self::conflict(
+                    t,
+                    prev,
+                    found.and_then(|f| match parse_value(&f) {
+                        Value::Digest(d) => Some(d),
+                        _ => None,
+                    }),
+                )),
+            };
+        }
+        let key = tag_key(t);
+        let data = Bytes::copy_from_slice(new.unwrap_or(b"deleted\n"));
+        let mode = match prev {
+            Some(p) => match &p.version {
+                Some(v) => PutMode::IfMatch(v.clone()),
+                None => return Err(Self::conflict(t, prev, self.found(t)?)),
+            },
+            // Absent may be a tombstone: replace that exact tombstone, or create.
+            None => match self.tag_raw(t)? {
+                Some((b, Some(v))) if matches!(parse_value(&b), Value::Tombstone) => {
+                    PutMode::IfMatch(v)
+                }
+                Some(_) => return Err(Self::conflict(t, prev, self.found(t)?)),
+                None => PutMode::Create,
+            },
+        };
+        match self.backend.put(&key, data, mode) {
+            Ok(_) => Ok(()),
+            Err(StoreError::Precondition(_)) => Err(Self::conflict(t, prev, self.found(t)?)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every tag object: the tags and the manifests they name (sorted), and those that cannot be read.
+    /// Deleted tags are not listed.
+    pub fn tags(&self) -> Result<TagList, StoreError> {
+        let mut out = TagList::default();
+        let mut take = |k: String, value: &[u8]| {
+            let tag = tag_of_key(&k);
+            let bad = |why: String| BrokenTag {
+                key: k.clone(),
+                tag: tag.as_ref().map(ToString::to_string),
+                why,
+            };
+            match (parse_value(value), &tag) {
+                (Value::Tombstone, _) => {}
+                (Value::Bad(why), _) => out.broken.push(bad(why)),
+                (Value::Digest(_), None) => out
+                    .broken
+                    .push(bad("the key is not a valid NAME:TAG".into())),
+                (Value::Digest(d), Some(t)) => out.good.push((t.clone(), d)),
+            }
+        };
+        match &self.local {
+            Some(root) => {
+                for (k, v) in tagfile::list(root)? {
+                    take(k, &v);
+                }
+            }
+            None => {
+                for k in self.backend.list("tags")? {
+                    match self.backend.get(&k) {
+                        Ok((b, _)) => take(k, &b),
+                        Err(e) if e.is_not_found() => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        out.good.sort();
+        out.broken.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::model::{Manifest, SCHEMA};
+    use crate::store::MemoryStore;
+
+    fn stores() -> (tempfile::TempDir, Vec<Store>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = Store::open(&format!("file://{}", dir.path().display())).expect("open");
+        let mem = Store::with_backend(Arc::new(MemoryStore::new()));
+        (dir, vec![local, mem])
+    }
+
+    fn manifest(store: &Store, n: usize) -> Digest {
+        let m = Manifest {
+            schema: SCHEMA,
+            layers: vec![],
+            config: Default::default(),
+            annotations: [("n".to_string(), n.to_string())].into(),
+        };
+        store.put_manifest(&m).expect("manifest")
+    }
+
+    #[test]
+    fn delete_is_compare_and_swap_and_a_deleted_tag_can_come_back() {
+        let (_dir, stores) = stores();
+        for s in stores {
+            let t = TagName::parse("a/b:v1").expect("tag");
+            let (m1, m2) = (manifest(&s, 1), manifest(&s, 2));
+            s.tag_set(&t, None, &m1).expect("create");
+            let seen = s.tag_get(&t).expect("get").expect("set");
+            s.tag_set(&t, Some(&seen), &m2).expect("move");
+            // The stale state loses: nothing is deleted.
+            let e = s.tag_delete(&t, &seen).expect_err("stale delete");
+            assert!(matches!(e, StoreError::TagConflict { .. }), "{e}");
+            let now = s.tag_get(&t).expect("get").expect("still there");
+            assert_eq!(now.digest, m2);
+            s.tag_delete(&t, &now).expect("delete");
+            assert_eq!(s.tag_get(&t).expect("get"), None);
+            assert!(s.tags().expect("tags").good.is_empty());
+            // Deleting again with the old state conflicts; creating from absent works.
+            assert!(s.tag_delete(&t, &now).is_err());
+            s.tag_set(&t, None, &m1).expect("recreate");
+            assert_eq!(s.tag_get(&t).expect("get").map(|x| x.digest), Some(m1));
+            assert_eq!(s.tags().expect("tags").good, vec![(t.clone(), m1)]);
+            // Creating over a live value is a conflict.
+            assert!(s.tag_set(&t, None, &m2).is_err());
+        }
+    }
+
+    #[test]
+    fn broken_tags_are_listed_not_skipped() {
+        let (dir, stores) = stores();
+        for (i, s) in stores.into_iter().enumerate() {
+            let m = manifest(&s, 1);
+            let good = TagName::parse("ok:v1").expect("tag");
+            s.tag_set(&good, None, &m).expect("set");
+            let raw = |k: &str, v: &[u8]| match i {
+                0 => {
+                    let p = dir.path().join(k);
+                    std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+                    std::fs::write(p, v).expect("write");
+                }
+                _ => {
+                    s.backend()
+                        .put(k, Bytes::copy_from_slice(v), PutMode::Overwrite)
+                        .expect("put");
+                }
+            };
+            raw("tags/empty/v1", b"");
+            raw("tags/garbage/v1", b"\x00\xffnot a digest");
+            raw("tags/Bad Name/v1", format!("{m}\n").as_bytes());
+            let list = s.tags().expect("tags");
+            assert_eq!(list.good, vec![(good.clone(), m)]);
+            let keys: Vec<_> = list.broken.iter().map(|b| b.key.as_str()).collect();
+            assert_eq!(
+                keys,
+                ["tags/Bad Name/v1", "tags/empty/v1", "tags/garbage/v1"]
+            );
+            let e = s
+                .tag_get(&TagName::parse("garbage:v1").expect("tag"))
+                .expect_err("garbage");
+            assert!(e.to_string().contains("garbage:v1"), "{e}");
+        }
+    }
+}
