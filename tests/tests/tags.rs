@@ -1,5 +1,6 @@
-//! Tags move only by compare-and-swap: of concurrent updates from one state, exactly one wins, the others
-//! get a conflict, and no tag is lost — on a local store (lock file) and on S3 (conditional put).
+//! Tags move and are deleted only by compare-and-swap: of concurrent updates from one state, exactly one
+//! wins, the others get a conflict, and no tag is lost — on a local store (lock file) and on S3
+//! (conditional put; a deleted tag is a tombstone).
 
 use std::sync::{Arc, Barrier};
 
@@ -72,12 +73,63 @@ fn race(store: Arc<Store>, images: &[Digest], rounds: usize) {
     }
 }
 
+/// `rmi` racing a move, and then two creates racing from "absent" (on S3, from the tombstone): exactly
+/// one of each pair wins and the tag ends as the winner left it.
+fn race_delete(store: Arc<Store>, images: &[Digest], rounds: usize) {
+    let tag = TagName::parse("race/del:latest").expect("tag");
+    for round in 0..rounds {
+        let prev = store.tag_get(&tag).expect("get");
+        store
+            .tag_set(&tag, prev.as_ref(), &images[0])
+            .expect("seed");
+        let state = store.tag_get(&tag).expect("get").expect("present");
+        let barrier = Arc::new(Barrier::new(2));
+        let (s1, b1, st1, t1) = (store.clone(), barrier.clone(), state.clone(), tag.clone());
+        let deleter = std::thread::spawn(move || {
+            b1.wait();
+            s1.tag_delete(&t1, &st1)
+        });
+        let (s2, b2, t2, new) = (store.clone(), barrier.clone(), tag.clone(), images[1]);
+        let mover = std::thread::spawn(move || {
+            b2.wait();
+            s2.tag_set(&t2, Some(&state), &new)
+        });
+        let (d, m) = (deleter.join().expect("join"), mover.join().expect("join"));
+        assert!(d.is_ok() != m.is_ok(), "round {round}: {d:?} {m:?}");
+        let now = store.tag_get(&tag).expect("get").map(|s| s.digest);
+        assert_eq!(now, m.is_ok().then_some(images[1]), "round {round}");
+        if let Some(s) = store.tag_get(&tag).expect("get") {
+            store.tag_delete(&tag, &s).expect("delete");
+        }
+        let barrier = Arc::new(Barrier::new(2));
+        let creators: Vec<_> = [images[1], images[2]]
+            .into_iter()
+            .map(|new| {
+                let (store, barrier, tag) = (store.clone(), barrier.clone(), tag.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    (new, store.tag_set(&tag, None, &new))
+                })
+            })
+            .collect();
+        let results: Vec<_> = creators
+            .into_iter()
+            .map(|h| h.join().expect("join"))
+            .collect();
+        let winners: Vec<_> = results.iter().filter(|(_, r)| r.is_ok()).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+        let now = store.tag_get(&tag).expect("get").map(|s| s.digest);
+        assert_eq!(now, Some(winners[0].0), "round {round}");
+    }
+}
+
 #[test]
 fn local_tags_compare_and_swap() {
     let dir = scratch("store");
     let env = StoreEnv::local(dir.path());
     let images = three_images(&env);
     race(Arc::new(env.open()), &images, 10);
+    race_delete(Arc::new(env.open()), &images, 10);
     // The CLI's --expect.
     let o = env.run(&[
         "tag",
@@ -114,6 +166,7 @@ fn s3_tags_compare_and_swap() {
     let env = s3.store("tags", "p");
     let images = three_images(&env);
     race(Arc::new(env.open()), &images, 5);
+    race_delete(Arc::new(env.open()), &images, 5);
     let listing = env.ok(&["images", "--json"]);
     assert!(listing.contains("race/img"), "{listing}");
 }
