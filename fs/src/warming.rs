@@ -1,8 +1,10 @@
 //! The daemon's side of prefetch: trace recording hooks and warming an image's plan when it is mounted.
 //!
 //! When a sandbox is requested, [`Warming::sandbox_requested`] looks (in a background thread: sandbox
-//! creation never waits on it) for a prefetch plan of the sandbox's image in the store, at most once a
-//! minute per image, and if there is one and it is not already being warmed, warms it with
+//! creation never waits on it) for a prefetch plan of the sandbox's image in the store — the image's own,
+//! else the plans of its layers ([`strata_prefetch::layerplan`]: a new workspace on a traced base
+//! inherits the base's) — at most once a minute per image, and if there is one and it is not already
+//! being warmed, warms it with
 //! [`strata_prefetch::warm`]: chunks fetched through the same [`Fetcher`] demand reads use, so they are
 //! verified, cached, merged into range requests and shared with any demand read of the same chunk. Only
 //! chunks of blobs the node serves are warmed; a plan entry naming an unknown chunk is skipped. Progress
@@ -11,7 +13,8 @@
 //! **Recorded plans** (opt-in, `record_plans_secs`): when an image has no plan, the node records the chunks
 //! read during the first seconds after its sandbox was requested, with the same recorder `strata trace`
 //! uses, and stores them as the image's plan if it still has none, so that every other node starts the
-//! image warm. Only chunks of the image's own blobs go in; a plan holds chunk references, never data, and
+//! image warm; the run is also merged into the plans of the layers it read from. Only chunks of the
+//! image's own blobs go in; a plan holds chunk references, never data, and
 //! warming verifies every chunk, so a sandbox can at worst make a plan useless, not wrong. An explicit
 //! `strata trace` takes the recorder over (the recording is dropped); one recording runs at a time.
 //!
@@ -25,7 +28,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use strata_prefetch::{warm, ChunkSource, Plan, PlanEntry, WarmOptions, WarmStats};
+use strata_prefetch::{layerplan, warm, ChunkSource, Plan, PlanEntry, WarmOptions, WarmStats};
 use strata_registry::digest::Digest;
 use strata_registry::store::Store;
 
@@ -41,7 +44,70 @@ const RECHECK: Duration = Duration::from_secs(60);
 enum State {
     /// Looked up (or being looked up) at this time; no plan then.
     NoPlan(Instant),
-    Warming(Arc<WarmStats>),
+    Warming(Arc<WarmStats>, PlanSource),
+}
+
+/// Where the chunks being warmed come from.
+#[derive(Clone, Debug)]
+enum PlanSource {
+    /// The image's own plan.
+    Image,
+    /// The plans of these layers of the image (it has none of its own).
+    Layers(Vec<Digest>),
+}
+
+impl std::fmt::Display for PlanSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlanSource::Image => f.write_str("image"),
+            PlanSource::Layers(l) => write!(f, "{} layer plan(s)", l.len()),
+        }
+    }
+}
+
+/// The chunks to warm for image `m` — its own plan, else its layers' — or `None`. Without an image plan,
+/// starts recording one when `record` says so.
+fn find_plan(
+    store: &Arc<Store>,
+    table: &Arc<BlobTable>,
+    recording: &Arc<Mutex<Option<Digest>>>,
+    m: Digest,
+    record: Option<Duration>,
+) -> Option<(Vec<PlanEntry>, PlanSource)> {
+    match Plan::get(store, &m) {
+        Ok(Some(p)) => return Some((p.entries, PlanSource::Image)),
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(image = %m, error = %e, "prefetch plan unreadable");
+            return None;
+        }
+    }
+    if let Some(window) = record {
+        let (store, table, recording) = (store.clone(), table.clone(), recording.clone());
+        let spawned = std::thread::Builder::new()
+            .name("strata-record".into())
+            .spawn(move || record_plan(&store, &table, &recording, m, window));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start plan recording");
+        }
+    }
+    let layers: Vec<Digest> = match store.get_manifest(&m) {
+        Ok(manifest) => manifest.layers.iter().map(|l| l.digest).collect(),
+        Err(e) => {
+            tracing::warn!(image = %m, error = %e, "manifest unreadable for layer plans");
+            return None;
+        }
+    };
+    match layerplan::inherited(store, &layers) {
+        Ok((entries, planned)) if !entries.is_empty() => {
+            Some((entries, PlanSource::Layers(planned)))
+        }
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(image = %m, error = %e, "layer plans unreadable");
+            None
+        }
+    }
 }
 
 /// Plans being warmed, per image (manifest digest).
@@ -123,7 +189,7 @@ impl Warming {
         {
             let mut images = lock(&self.images);
             match images.get(manifest) {
-                Some(State::Warming(_)) => return,
+                Some(State::Warming(..)) => return,
                 Some(State::NoPlan(t)) if t.elapsed() < RECHECK => return,
                 _ => {}
             }
@@ -139,27 +205,18 @@ impl Warming {
         let spawned = std::thread::Builder::new()
             .name("strata-plan".into())
             .spawn(move || {
-                let plan = match Plan::get(&store, &m) {
-                    Ok(Some(p)) => p,
-                    Ok(None) => {
-                        if let Some(window) = record {
-                            record_plan(&store, &src.table, &recording, m, window);
-                        }
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(image = %m, error = %e, "prefetch plan unreadable");
-                        return;
-                    }
+                let Some((entries, source)) = find_plan(&store, &src.table, &recording, m, record)
+                else {
+                    return;
                 };
                 let Some(opts) = opts else {
                     return;
                 };
                 let stats = Arc::new(WarmStats::default());
-                tracing::info!(image = %m, chunks = plan.entries.len(), "warming prefetch plan");
+                tracing::info!(image = %m, chunks = entries.len(), source = %source, "warming prefetch plan");
                 // While the plan is fetched, demand reads of its blobs fetch no further than their
                 // own frame: the plan knows what will be read better than fetching ahead does.
-                let mut blobs: Vec<Digest> = plan.entries.iter().map(|e| e.blob).collect();
+                let mut blobs: Vec<Digest> = entries.iter().map(|e| e.blob).collect();
                 blobs.sort_unstable();
                 blobs.dedup();
                 if !src.table.wait_for(&blobs, BLOBS_WAIT) {
@@ -168,9 +225,9 @@ impl Warming {
                     tracing::warn!(image = %m, "some blobs of the prefetch plan are not served");
                 }
                 fetcher.set_planned(&blobs, true);
-                match warm(Arc::new(plan.entries), src, opts, stats.clone()) {
+                match warm(Arc::new(entries), src, opts, stats.clone()) {
                     Ok(h) => {
-                        lock(&images).insert(m, State::Warming(stats));
+                        lock(&images).insert(m, State::Warming(stats, source));
                         let _ = h.join();
                     }
                     Err(e) => tracing::warn!(image = %m, error = %e, "cannot start prefetch"),
@@ -188,7 +245,18 @@ impl Warming {
         let m: serde_json::Map<String, serde_json::Value> = images
             .iter()
             .filter_map(|(d, s)| match s {
-                State::Warming(w) => Some((d.to_string(), serde_json::json!(w.as_ref()))),
+                State::Warming(w, source) => {
+                    let mut v = serde_json::json!(w.as_ref());
+                    let (kind, layers) = match source {
+                        PlanSource::Image => ("image", vec![]),
+                        PlanSource::Layers(l) => {
+                            ("layers", l.iter().map(|d| d.to_string()).collect())
+                        }
+                    };
+                    v["source"] = kind.into();
+                    v["layers"] = layers.into();
+                    Some((d.to_string(), v))
+                }
                 State::NoPlan(_) => None,
             })
             .collect();
@@ -200,7 +268,7 @@ impl Warming {
         lock(&self.images)
             .values()
             .filter_map(|s| match s {
-                State::Warming(w) => Some((
+                State::Warming(w, _) => Some((
                     w.fetched.load(Ordering::Relaxed),
                     w.bytes.load(Ordering::Relaxed),
                 )),
@@ -213,7 +281,7 @@ impl Warming {
     pub fn stop(&self) {
         self.cancel_recording();
         for s in lock(&self.images).values() {
-            if let State::Warming(w) = s {
+            if let State::Warming(w, _) = s {
                 w.stop.store(true, Ordering::SeqCst);
             }
         }
@@ -277,9 +345,13 @@ fn store_recorded(
 ) -> Result<Option<(Digest, usize)>, strata_prefetch::plan::PlanError> {
     let manifest = store.get_manifest(&m)?;
     let mut blobs = std::collections::HashSet::new();
+    let mut layers = Vec::new();
     for l in &manifest.layers {
-        blobs.extend(store.get_layer(&l.digest)?.blobs.iter().map(|b| b.digest));
+        let desc = store.get_layer(&l.digest)?;
+        blobs.extend(desc.blobs.iter().map(|b| b.digest));
+        layers.push((l.digest, desc));
     }
+    layerplan::record_run(store, &layers, &entries)?;
     let command = format!(
         "(recorded by stratad: the first {} s of a sandbox)",
         window.as_secs_f64()

@@ -16,12 +16,18 @@
 //!    when one needs a chunk prefetch is already fetching, it waits for that one fetch (single flight)
 //!    rather than starting another.
 //!
+//! 4. **Layer plans** ([`layerplan`]): every recorded run is also merged into the plans of the layers it
+//!    read from, so that a sandbox of an image that has no plan of its own — a new workspace on a traced
+//!    base — warms what is known of each of its layers.
+//!
 //! This crate knows nothing of FUSE or of the cache's layout: the daemon gives [`warm`] a [`ChunkSource`].
 
+pub mod layerplan;
 pub mod plan;
 pub mod recorder;
 pub mod warm;
 
+pub use layerplan::LayerPlan;
 pub use plan::{Plan, PlanEntry, PlanError};
 pub use recorder::Recorder;
 pub use warm::{warm, ChunkSource, WarmOptions, WarmStats};

@@ -3,8 +3,8 @@
 //! Objects are content addressed and written before anything refers to them (blob → metadata → layer →
 //! manifest → tag), so a failed or abandoned build, an overwritten tag or a superseded snapshot leaves
 //! objects that nothing names. [`collect`] marks everything reachable from every tag — manifests, their
-//! layers, each layer's metadata (and the metadata a patch is based on) and blobs, the image's prefetch
-//! plan — and deletes the unmarked objects under `blobs/`, `meta/`, `layers/`, `manifests/`, `plans/`
+//! layers, each layer's metadata (and the metadata a patch is based on) and blobs, the image's and each
+//! layer's prefetch plan — and deletes the unmarked objects under `blobs/`, `meta/`, `layers/`, `manifests/`, `plans/`
 //! and `oci/` that have been unreferenced for longer than `grace`. Other prefixes (`tags/`, a local
 //! store's `tmp/`) are never touched.
 //!
@@ -158,21 +158,27 @@ fn mark_image(
         }
         check(mark_layer(store, &l.digest, live))?;
     }
-    let pointer = key::plan_of(m);
+    mark_plan(store, key::plan_of(m), live)?;
+    Ok(())
+}
+
+/// Marks a plan pointer (an image's or a layer's) and the plan it names.
+fn mark_plan(store: &Store, pointer: String, live: &mut HashSet<String>) -> Result<(), StoreError> {
     if let Some(p) = store.get_index(&pointer)? {
-        live.insert(pointer);
         if let Some(d) = std::str::from_utf8(&p)
             .ok()
             .and_then(|s| s.trim().parse::<Digest>().ok())
         {
             live.insert(key::plan(&d));
         }
+        live.insert(pointer);
     }
     Ok(())
 }
 
 fn mark_layer(store: &Store, d: &Digest, live: &mut HashSet<String>) -> Result<(), StoreError> {
     let desc = store.get_layer(d)?;
+    mark_plan(store, key::plan_of_layer(d), live)?;
     live.insert(key::meta(&desc.meta.digest));
     if let Some(base) = store.meta_base(&desc.meta.digest)? {
         live.insert(key::meta(&base));

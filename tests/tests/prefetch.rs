@@ -1,6 +1,7 @@
-//! Prefetch for real: `strata trace` records what a command reads in an image as its plan; a node that
-//! creates a sandbox of the image warms the plan in the background, so the traced reads are served even
-//! once the store is gone, while reads outside the plan still need the store.
+//! Prefetch for real: `strata trace` records what a command reads in an image as its plan (and in each
+//! layer's plan); a node that creates a sandbox of the image — or of a new image sharing a traced layer —
+//! warms the plan in the background, so the traced reads are served even once the store is gone, while
+//! reads outside the plan still need the store.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -198,6 +199,64 @@ fn a_plan_recorded_by_one_node_warms_the_next() {
     // Node 2, empty cache and no recording of its own, warms the recorded plan.
     let (_d, rootfs, w) = warmed_node(&store, "rec:v1");
     assert!(w["fetched"].as_u64().expect("fetched") >= 3, "{w}");
+    planned_reads_survive_the_store(&proxy, &rootfs, &a);
+}
+
+#[test]
+fn a_new_image_inherits_the_plans_of_its_layers() {
+    if !can_mount() {
+        return;
+    }
+    let Some(Fixture {
+        _s3,
+        proxy,
+        store,
+        a,
+        ..
+    }) = fixture("inherit", "base:v1", 41)
+    else {
+        return;
+    };
+    // Image A, the base alone, is traced once.
+    {
+        let d = Daemon::start(&store, &[]);
+        let out = json(&d.ok(&[
+            "trace",
+            "base:v1",
+            "--json",
+            "--",
+            "/bin/sh",
+            "-c",
+            "cat /data/a.bin > /dev/null",
+        ]));
+        assert_eq!(out["layer_plans"].as_u64(), Some(1), "{out}");
+    }
+    // Image B: the base and a fresh workspace layer, never traced, with no plan of its own.
+    let ws = scratch("inherit-ws");
+    std::fs::create_dir_all(ws.path().join("work")).expect("mkdir");
+    std::fs::write(ws.path().join("work/notes.txt"), b"a new task").expect("write");
+    let layer = store.ok(&[
+        "build",
+        ws.path().to_str().expect("utf8"),
+        "--kind",
+        "workspace",
+    ]);
+    store.ok(&[
+        "compose",
+        "--base",
+        "base:v1",
+        "--workspace",
+        &layer,
+        "-t",
+        "new:v1",
+    ]);
+    // A fresh node warms the base's plan for B's first sandbox.
+    let (d, rootfs, w) = warmed_node(&store, "new:v1");
+    assert_eq!(w["source"].as_str(), Some("layers"), "{w}");
+    assert_eq!(w["layers"].as_array().map(Vec::len), Some(1), "{w}");
+    assert!(w["fetched"].as_u64().expect("fetched") >= 3, "{w}");
+    assert!(d.ok(&["ps"]).contains("inherited: 1 layer plan"));
+    // With the store cut, A's traced file reads in B's sandbox.
     planned_reads_survive_the_store(&proxy, &rootfs, &a);
 }
 

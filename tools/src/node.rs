@@ -206,8 +206,15 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
     );
     for (image, w) in status["prefetch"].as_object().into_iter().flatten() {
         let n = |k: &str| w[k].as_u64().unwrap_or(0);
+        let source = match w["source"].as_str() {
+            Some("layers") => format!(
+                " (inherited: {} layer plan(s))",
+                w["layers"].as_array().map_or(0, Vec::len)
+            ),
+            _ => String::new(),
+        };
         println!(
-            "prefetch {image}: {} chunks planned, {} fetched ({}){}{}",
+            "prefetch {image}{source}: {} chunks planned, {} fetched ({}){}{}",
             n("planned"),
             n("fetched"),
             human(n("bytes")),

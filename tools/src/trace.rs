@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use strata_fs::api::Client;
-use strata_prefetch::{Plan, PlanEntry};
+use strata_prefetch::{layerplan, Plan, PlanEntry};
 use strata_registry::model::LayerDescriptor;
 use strata_registry::store::Store;
 
@@ -149,18 +149,26 @@ pub fn trace(store: &Store, socket: &Path, a: TraceArgs) -> Result<()> {
     let plan = Plan::recorded(digest, a.command.clone(), entries, &blobs);
     let bytes: u64 = plan_bytes(store, &layers, &plan)?;
     let plan_digest = plan.put(store)?;
+    let with_digests: Vec<_> = manifest
+        .layers
+        .iter()
+        .map(|l| l.digest)
+        .zip(layers.iter().cloned())
+        .collect();
+    let layer_plans = layerplan::record_run(store, &with_digests, &plan.entries)?;
     if a.json {
         println!(
             "{}",
             json!({
                 "image": digest.to_string(), "plan": plan_digest.to_string(),
                 "chunks": plan.entries.len(), "bytes": bytes, "exit_code": code,
+                "layer_plans": layer_plans,
                 "seconds": start.elapsed().as_secs_f64(),
             })
         );
     } else {
         println!(
-            "plan {plan_digest} for image {digest}: {} chunks, {}",
+            "plan {plan_digest} for image {digest}: {} chunks, {}; merged into {layer_plans} layer plan(s)",
             plan.entries.len(),
             human(bytes)
         );

@@ -8,7 +8,8 @@
 //! layers/<hex>.json      layer descriptors
 //! manifests/<hex>.json   image manifests
 //! tags/<name>/<tag>      tags (the text `blake3:<hex>`); a local store serializes updates with tags/.lock
-//! plans/<hex>.json       prefetch plans (content addressed); plans/by-manifest/<hex> names an image's plan
+//! plans/<hex>.json       prefetch plans (content addressed); plans/by-manifest/<hex> names an image's plan,
+//!                        plans/by-layer/<hex> a layer's
 //! oci/<sha256>           import records: the layer made from an OCI layer, by its chain ID
 //! gc/condemned/<key>     garbage collection's marks on unreferenced objects it will delete later
 //! tmp/                   a local store's spool for blobs being written
@@ -146,6 +147,10 @@ pub mod key {
     /// The pointer to the prefetch plan of the image with manifest `d` (an index object).
     pub fn plan_of(manifest: &Digest) -> String {
         format!("plans/by-manifest/{}", manifest.hex())
+    }
+    /// The pointer to the prefetch plan of layer `d` (an index object; see `strata_prefetch::layerplan`).
+    pub fn plan_of_layer(layer: &Digest) -> String {
+        format!("plans/by-layer/{}", layer.hex())
     }
     /// The marker garbage collection leaves on an unreferenced object it will delete in a later run
     /// (see [`crate::gc`]).

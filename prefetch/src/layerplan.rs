@@ -1,0 +1,304 @@
+//! Plans by layer: what starts read from each layer, kept with the layer, inherited by every image that
+//! contains it, and refined run after run.
+//!
+//! Most images a node sees are new (a fresh workspace or toolkit on a known base), so an image's own plan
+//! ([`crate::Plan`]) helps only its second sandbox. A *layer* plan is kept per layer instead:
+//! `plans/by-layer/<layer>` names a content-addressed [`LayerPlan`], the chunks of that layer's blobs that
+//! runs read, each with the number of runs that read it. A sandbox of an image without a plan of its own
+//! warms the plans of all its layers, so a new workspace on a traced base starts with the base warm.
+//!
+//! **Which layer a chunk belongs to.** A layer's device table names its own blob and, after
+//! deduplication, blobs of the layers below it. A recorded chunk is credited to the *lowest* layer of the
+//! image whose device table names its blob: that is where the chunk's data lives, and the layer every
+//! image sharing it inherits from.
+//!
+//! **Refinement** ([`LayerPlan::refine`]) is a union: a chunk already planned gains a read, a new chunk
+//! is added. Entries are ordered by reads (most-read first: what every start needs comes before what one
+//! run happened to touch), then by first appearance (the earlier plan's order, then the new run's order),
+//! and the plan is cut at [`MAX_ENTRIES`]. The result depends only on the previous plan and the run, so
+//! the same runs give the same plan. Two nodes refining the same layer at once may lose one run's
+//! contribution (the pointer is last-writer-wins); plans are hints and the next run adds it again.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+use strata_registry::digest::Digest;
+use strata_registry::model::LayerDescriptor;
+use strata_registry::store::{key, Store, StoreError};
+
+use crate::plan::{PlanEntry, PlanError, PLAN_SCHEMA};
+
+/// Most chunks a layer plan keeps (256 MiB of 4 KiB chunks, 64 GiB of 1 MiB ones).
+pub const MAX_ENTRIES: usize = 65_536;
+
+/// A planned chunk of a layer and how many recorded runs read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerPlanEntry {
+    pub blob: Digest,
+    pub chunk: u32,
+    pub reads: u32,
+}
+
+/// The chunks of one layer's blobs that recorded runs read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerPlan {
+    pub schema: u32,
+    pub layer: Digest,
+    /// Runs merged into this plan.
+    pub runs: u32,
+    pub entries: Vec<LayerPlanEntry>,
+}
+
+impl LayerPlan {
+    /// `prev` (or nothing) with one more run's reads of this layer merged in (see the module
+    /// documentation), at most `max` entries.
+    pub fn refine(
+        prev: Option<&LayerPlan>,
+        layer: Digest,
+        run: &[PlanEntry],
+        max: usize,
+    ) -> LayerPlan {
+        // (reads, first appearance) by chunk.
+        let mut seen: HashMap<(Digest, u32), (u32, usize)> = HashMap::new();
+        let mut order = 0usize;
+        for e in prev.map(|p| p.entries.as_slice()).unwrap_or_default() {
+            seen.entry((e.blob, e.chunk)).or_insert_with(|| {
+                order += 1;
+                (e.reads, order)
+            });
+        }
+        let mut this_run = HashSet::new();
+        for e in run {
+            if !this_run.insert((e.blob, e.chunk)) {
+                continue;
+            }
+            let v = seen.entry((e.blob, e.chunk)).or_insert_with(|| {
+                order += 1;
+                (0, order)
+            });
+            v.0 = v.0.saturating_add(1);
+        }
+        let mut entries: Vec<_> = seen.into_iter().collect();
+        entries.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.1 .1.cmp(&b.1 .1)));
+        entries.truncate(max);
+        LayerPlan {
+            schema: PLAN_SCHEMA,
+            layer,
+            runs: prev.map_or(0, |p| p.runs).saturating_add(1),
+            entries: entries
+                .into_iter()
+                .map(|((blob, chunk), (reads, _))| LayerPlanEntry { blob, chunk, reads })
+                .collect(),
+        }
+    }
+
+    /// The plan's chunks, in order.
+    pub fn chunks(&self) -> impl Iterator<Item = PlanEntry> + '_ {
+        self.entries.iter().map(|e| PlanEntry {
+            blob: e.blob,
+            chunk: e.chunk,
+        })
+    }
+
+    /// Stores the plan and points its layer at it; returns the plan's digest.
+    pub fn put(&self, store: &Store) -> Result<Digest, PlanError> {
+        let bytes = serde_json::to_vec(self).map_err(|e| PlanError::Malformed {
+            key: key::plan_of_layer(&self.layer),
+            why: e.to_string(),
+        })?;
+        let d = Digest::of(&bytes);
+        store.put_bytes(&key::plan(&d), bytes)?;
+        store.put_index(&key::plan_of_layer(&self.layer), d.to_string().into_bytes())?;
+        Ok(d)
+    }
+
+    /// The plan of layer `layer`, if it has one (verified against its digest).
+    pub fn get(store: &Store, layer: &Digest) -> Result<Option<LayerPlan>, PlanError> {
+        let pointer = key::plan_of_layer(layer);
+        let Some(b) = store.get_index(&pointer)? else {
+            return Ok(None);
+        };
+        let bad = |why: String| PlanError::Malformed {
+            key: pointer.clone(),
+            why,
+        };
+        let d: Digest = std::str::from_utf8(&b)
+            .map_err(|e| bad(e.to_string()))?
+            .trim()
+            .parse()
+            .map_err(|e| bad(format!("{e}")))?;
+        let bytes = store.get_verified(&key::plan(&d), &d)?;
+        let plan: LayerPlan = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+        if plan.schema != PLAN_SCHEMA || plan.layer != *layer {
+            return Err(bad(format!(
+                "schema {} for layer {}, expected schema {PLAN_SCHEMA} for {layer}",
+                plan.schema, plan.layer
+            )));
+        }
+        Ok(Some(plan))
+    }
+}
+
+/// Splits a run's entries by layer: each goes to the lowest of `layers` (bottom first) whose device
+/// table names its blob; entries of blobs no layer names are dropped. Layers nothing was read from are
+/// left out; the order of each layer's entries is the run's.
+pub fn split_by_layer(
+    layers: &[(Digest, LayerDescriptor)],
+    run: &[PlanEntry],
+) -> Vec<(Digest, Vec<PlanEntry>)> {
+    let mut owner: HashMap<Digest, usize> = HashMap::new();
+    for (i, (_, l)) in layers.iter().enumerate() {
+        for b in &l.blobs {
+            owner.entry(b.digest).or_insert(i);
+        }
+    }
+    let mut out: Vec<Vec<PlanEntry>> = vec![Vec::new(); layers.len()];
+    for e in run {
+        if let Some(&i) = owner.get(&e.blob) {
+            out[i].push(*e);
+        }
+    }
+    layers
+        .iter()
+        .zip(out)
+        .filter(|(_, v)| !v.is_empty())
+        .map(|((d, _), v)| (*d, v))
+        .collect()
+}
+
+/// Merges a recorded run into the plans of the layers it read from; returns how many layer plans were
+/// written.
+pub fn record_run(
+    store: &Store,
+    layers: &[(Digest, LayerDescriptor)],
+    run: &[PlanEntry],
+) -> Result<usize, PlanError> {
+    let parts = split_by_layer(layers, run);
+    for (layer, entries) in &parts {
+        // A damaged plan is started again; a failing store stops the recording.
+        let prev = match LayerPlan::get(store, layer) {
+            Ok(p) => p,
+            Err(PlanError::Malformed { .. })
+            | Err(PlanError::Store(
+                StoreError::NotFound(_) | StoreError::Corrupt { .. } | StoreError::Malformed { .. },
+            )) => None,
+            Err(e) => return Err(e),
+        };
+        LayerPlan::refine(prev.as_ref(), *layer, entries, MAX_ENTRIES).put(store)?;
+    }
+    Ok(parts.len())
+}
+
+/// The chunks the plans of `layers` (bottom first) name, bottom layer first, each chunk once, and the
+/// layers that had a plan.
+pub fn inherited(
+    store: &Store,
+    layers: &[Digest],
+) -> Result<(Vec<PlanEntry>, Vec<Digest>), PlanError> {
+    let mut seen = HashSet::new();
+    let mut entries = Vec::new();
+    let mut planned = Vec::new();
+    for l in layers {
+        let Some(p) = LayerPlan::get(store, l)? else {
+            continue;
+        };
+        planned.push(*l);
+        entries.extend(p.chunks().filter(|e| seen.insert((e.blob, e.chunk))));
+    }
+    Ok((entries, planned))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(n: u8) -> Digest {
+        Digest([n; 32])
+    }
+
+    fn e(blob: u8, chunk: u32) -> PlanEntry {
+        PlanEntry {
+            blob: d(blob),
+            chunk,
+        }
+    }
+
+    fn order(p: &LayerPlan) -> Vec<(u8, u32, u32)> {
+        p.entries
+            .iter()
+            .map(|x| (x.blob.0[0], x.chunk, x.reads))
+            .collect()
+    }
+
+    #[test]
+    fn refinement_is_a_union_most_read_first_bounded_and_deterministic() {
+        let first = LayerPlan::refine(None, d(9), &[e(1, 5), e(1, 2), e(1, 5), e(1, 7)], 10);
+        assert_eq!(order(&first), [(1, 5, 1), (1, 2, 1), (1, 7, 1)]);
+        let second = LayerPlan::refine(Some(&first), d(9), &[e(1, 7), e(1, 9), e(1, 2)], 10);
+        // 7 and 2 were read twice (2 first in the earlier order), then 5, then the new 9.
+        assert_eq!(order(&second), [(1, 2, 2), (1, 7, 2), (1, 5, 1), (1, 9, 1)]);
+        assert_eq!(second.runs, 2);
+        // Bounded: the least-read, latest entries go.
+        let cut = LayerPlan::refine(Some(&first), d(9), &[e(1, 7), e(1, 9), e(1, 2)], 3);
+        assert_eq!(order(&cut), [(1, 2, 2), (1, 7, 2), (1, 5, 1)]);
+        // Deterministic: the same runs give the same bytes.
+        let again = LayerPlan::refine(
+            Some(&LayerPlan::refine(
+                None,
+                d(9),
+                &[e(1, 5), e(1, 2), e(1, 5), e(1, 7)],
+                10,
+            )),
+            d(9),
+            &[e(1, 7), e(1, 9), e(1, 2)],
+            10,
+        );
+        assert_eq!(
+            serde_json::to_vec(&again).expect("json"),
+            serde_json::to_vec(&second).expect("json")
+        );
+        // Many runs never grow a plan past its bound.
+        let mut p = None;
+        for r in 0..50u32 {
+            let run: Vec<_> = (0..100).map(|c| e(1, r * 37 + c)).collect();
+            p = Some(LayerPlan::refine(p.as_ref(), d(9), &run, 500));
+        }
+        assert_eq!(p.expect("plan").entries.len(), 500);
+    }
+
+    #[test]
+    fn chunks_go_to_the_lowest_layer_naming_their_blob() {
+        use strata_registry::model::{BlobRef, LayerKind, LayerStats, ObjectRef, SCHEMA};
+        let layer = |blobs: &[u8]| LayerDescriptor {
+            schema: SCHEMA,
+            kind: LayerKind::Base,
+            meta: ObjectRef {
+                digest: d(0),
+                size: 0,
+            },
+            blobs: blobs
+                .iter()
+                .map(|&b| BlobRef {
+                    digest: d(b),
+                    size: 0,
+                    view_size: 0,
+                    toc_offset: 0,
+                    toc_len: 0,
+                    toc_digest: d(0),
+                    chunks: 0,
+                })
+                .collect(),
+            chunk_size: 4096,
+            stats: LayerStats::default(),
+            parent: None,
+            labels: Default::default(),
+        };
+        // The workspace (20) deduplicated against the base's blob 1 and has its own blob 2.
+        let layers = vec![(d(10), layer(&[1])), (d(20), layer(&[2, 1]))];
+        let parts = split_by_layer(&layers, &[e(2, 0), e(1, 3), e(3, 1), e(2, 4)]);
+        assert_eq!(
+            parts,
+            vec![(d(10), vec![e(1, 3)]), (d(20), vec![e(2, 0), e(2, 4)])]
+        );
+    }
+}
