@@ -48,6 +48,8 @@ pub struct BuildOptions {
     pub labels: BTreeMap<String, String>,
     /// Bytes of file data processed so far (for progress displays).
     pub progress: Arc<AtomicU64>,
+    /// Regular files added so far (for progress displays).
+    pub files_done: Arc<AtomicU64>,
     /// The layer will be the bottom of an image: drop whiteouts and opaque markers even when it has
     /// parents (a flattened image). A base layer without parents is always a bottom layer.
     pub bottom: bool,
@@ -75,6 +77,7 @@ impl BuildOptions {
             parents: Vec::new(),
             labels: BTreeMap::new(),
             progress: Arc::new(AtomicU64::new(0)),
+            files_done: Arc::new(AtomicU64::new(0)),
             bottom: false,
             patch_meta: true,
             keep_whiteout: None,
@@ -182,6 +185,9 @@ impl LayerBuilder {
         size: u64,
         data: FileSource<'_>,
     ) -> Result<(), BuildError> {
+        self.opts
+            .files_done
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let shown = || String::from_utf8_lossy(path).into_owned();
         if size <= self.opts.inline_max {
             let mut bytes = Vec::with_capacity(size as usize);

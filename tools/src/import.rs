@@ -21,7 +21,7 @@ use strata_registry::store::Store;
 
 use crate::exit::NotFound;
 use crate::images::{human, make_annotated_image};
-use crate::layers::with_progress;
+use crate::layers::with_build_progress;
 
 /// Arguments of `strata import`.
 #[derive(clap::Args)]
@@ -95,7 +95,7 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
         }
     };
     let mut flattened = None;
-    let layers = with_progress(opts.progress.clone(), || {
+    let layers = with_build_progress("import", &opts.clone(), || {
         import_layers(store, &image, &opts, report)
     })?;
     let parts = if a.flatten && layers.len() > 1 {
@@ -106,7 +106,7 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
         fopts
             .labels
             .insert("strata.flatten.layers".into(), digests.len().to_string());
-        let built = with_progress(fopts.progress.clone(), || {
+        let built = with_build_progress("flatten", &fopts.clone(), || {
             strata_builder::flatten::flatten(store, &[], &digests, fopts)
         })?;
         flattened = Some((built.digest, built.descriptor.stats.clone()));

@@ -51,16 +51,18 @@ pub struct BuildArgs {
     pub json: bool,
 }
 
-/// Shows bytes processed on standard error while `f` runs, as `--progress` says ([`crate::progress`]).
-pub(crate) fn with_progress<T>(
-    counter: std::sync::Arc<std::sync::atomic::AtomicU64>,
+/// Shows a build's progress (bytes and files) while `f` runs, as `--progress` says.
+pub(crate) fn with_build_progress<T>(
+    what: &str,
+    opts: &strata_builder::BuildOptions,
     f: impl FnOnce() -> T,
 ) -> T {
     let c = crate::progress::Counters {
-        bytes: counter,
-        ..Default::default()
+        bytes: opts.progress.clone(),
+        files: Some(opts.files_done.clone()),
+        total: None,
     };
-    crate::progress::watch("strata", c, f)
+    crate::progress::watch(what, c, f)
 }
 
 /// Adds `KEY=VALUE` labels given on the command line.
@@ -89,8 +91,7 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
             .extend(resolve_layers(store, p).with_context(|| format!("parent {p}"))?);
     }
     let start = Instant::now();
-    let counter = opts.progress.clone();
-    let built = with_progress(counter, || {
+    let built = with_build_progress("build", &opts.clone(), || {
         if a.tar {
             let reader: Box<dyn std::io::Read + Send> = if a.src == Path::new("-") {
                 Box::new(std::io::stdin())

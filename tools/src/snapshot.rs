@@ -31,7 +31,7 @@ use strata_registry::store::{Store, TagState};
 use crate::exit::{NotFound, Usage};
 use crate::freeze::Frozen;
 use crate::images::{claim_tag, human, resolve_image};
-use crate::layers::{add_labels, with_progress};
+use crate::layers::{add_labels, with_build_progress};
 use crate::view::View;
 
 /// Arguments of `pack_diff` / `strata pack-diff`.
@@ -229,8 +229,7 @@ pub fn pack_diff(store: &Store, socket: &Path, a: PackDiffArgs) -> Result<()> {
     };
     let frozen_json = frozen.as_ref().map(Frozen::describe);
     let mut summary = UpperSummary::default();
-    let counter = opts.progress.clone();
-    let built = with_progress(counter, || {
+    let built = with_build_progress("pack_diff", &opts.clone(), || {
         build_with(store, opts, |sink| {
             summary = walk_upper(&t.upper, &excludes, &mut check, sink)?;
             Ok(())
@@ -344,7 +343,7 @@ pub fn flatten(store: &Store, a: FlattenArgs) -> Result<()> {
     let mut opts = BuildOptions::new(kind);
     opts.labels
         .insert("strata.flatten.layers".into(), range.len().to_string());
-    let built = with_progress(opts.progress.clone(), || {
+    let built = with_build_progress("flatten", &opts.clone(), || {
         strata_builder::flatten::flatten(store, &below, &range, opts)
     })?;
     let digest = put_image(store, &m, a.from, (built.digest, kind), &tag, prev)?;
