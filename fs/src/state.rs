@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use strata_registry::digest::Digest;
-use strata_registry::model::{BlobRef, LayerDescriptor};
+use strata_registry::model::{BlobRef, ImageConfig, LayerDescriptor};
 use strata_registry::toc::Toc;
 
 /// Errors reading or writing the node's state.
@@ -76,6 +76,10 @@ pub struct Sandbox {
     pub image_bytes: u64,
     #[serde(default)]
     pub state: SandboxState,
+    /// The image's config (what a process started in the sandbox should get; records written before
+    /// configs were kept read as empty).
+    #[serde(default)]
+    pub config: ImageConfig,
 }
 
 /// The state directory's `node/` part.
@@ -281,6 +285,7 @@ mod tests {
             created: 1,
             image_bytes: 2,
             state: SandboxState::Running,
+            config: ImageConfig::default(),
         }
     }
 

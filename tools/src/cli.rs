@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
-use crate::{images, import, layers, node, snapshot, trace, view};
+use crate::{compose, images, import, layers, node, snapshot, trace, view};
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
@@ -26,8 +26,10 @@ pub struct Cli {
 pub enum Cmd {
     /// Build a layer from a directory or tar stream; prints its digest.
     Build(layers::BuildArgs),
-    /// Make an image from layers, bottom to top as listed (no data is copied).
-    Compose(images::ComposeArgs),
+    /// Make an image from layers (no data is copied): --base at the bottom, then the --workspace and
+    /// --toolkit layers in the order given, the first lowest. Refuses a layer built on another base
+    /// unless --rebase.
+    Compose(compose::Compose),
     /// Point NAME:TAG at an image (compare-and-swap).
     Tag(images::TagArgs),
     /// List tagged images.
@@ -153,9 +155,10 @@ pub fn run_pack_diff(cli: PackDiffCli) -> Result<()> {
     snapshot::pack_diff(&store, &cli.socket, cli.args)
 }
 
-/// Runs a parsed command line. Commands that only talk to stratad (`mount`, `umount`, `ps`) open no
-/// store: opening one builds an async runtime (threads started, then joined at exit) and creates a local
-/// store's directory, which cost `strata mount` more than its request to the daemon.
+/// Runs a parsed command line. Commands that only talk to stratad (`mount`, `umount`, `ps`, and
+/// `bundle`, which gets the image's process from stratad) open no store: opening one builds an async
+/// runtime (threads started, then joined at exit) and creates a local store's directory, which cost
+/// `strata mount` more than its request to the daemon.
 pub fn run(cli: Cli) -> Result<()> {
     let socket = &cli.socket;
     let cmd = match cli.cmd {
@@ -187,12 +190,17 @@ pub fn run(cli: Cli) -> Result<()> {
         } => return node::rm(socket, &sandboxes, stopped, force, json),
         Cmd::Daemon(c) => return node::daemon(socket, c),
         Cmd::Ps { json } => return node::ps(socket, json),
+        Cmd::Bundle {
+            image,
+            sandbox,
+            dir,
+        } => return node::bundle(socket, &image, &sandbox, &dir),
         cmd => cmd,
     };
     let store = Store::open(&cli.store).with_context(|| format!("opening store {}", cli.store))?;
     match cmd {
         Cmd::Build(a) => layers::build(&store, a),
-        Cmd::Compose(a) => images::compose(&store, a),
+        Cmd::Compose(a) => compose::compose(&store, a),
         Cmd::Tag(a) => images::tag(&store, a),
         Cmd::Images { json } => images::list(&store, json),
         Cmd::Inspect { reference, json } => images::inspect(&store, &reference, json),
@@ -208,12 +216,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Flatten(a) => snapshot::flatten(&store, a),
         Cmd::Trace(a) => trace::trace(&store, socket, a),
         Cmd::Gc(a) => images::gc(&store, a),
-        Cmd::Bundle {
-            image,
-            sandbox,
-            dir,
-        } => node::bundle(&store, socket, &image, &sandbox, &dir),
         Cmd::Mount { .. }
+        | Cmd::Bundle { .. }
         | Cmd::Umount { .. }
         | Cmd::Rm { .. }
         | Cmd::Daemon(_)

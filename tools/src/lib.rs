@@ -6,6 +6,8 @@
 //! documented in `docs/CLI.md` and come from [`exit::code`].
 
 pub mod cli;
+mod compose;
+mod config;
 pub mod daemon;
 mod exit;
 mod freeze;
