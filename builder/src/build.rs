@@ -581,7 +581,7 @@ fn finish(
         stats: stats.clone(),
         parent: opts.parents.first().copied(),
         labels: opts.labels.clone(),
-        config: (!opts.config.is_empty()).then(|| opts.config.clone()),
+        config: (!opts.config.is_empty()).then(|| Box::new(opts.config.clone())),
         built_on: opts.built_on.clone(),
     };
     let digest = store.put_layer(&descriptor)?;

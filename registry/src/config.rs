@@ -120,7 +120,9 @@ enum Piece<'a> {
 fn pieces(v: &str) -> Vec<Piece<'_>> {
     let name_len = |s: &str| {
         let b = s.as_bytes();
-        if b.first().is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_') {
+        if b.first()
+            .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_')
+        {
             b.iter()
                 .take_while(|c| c.is_ascii_alphanumeric() || **c == b'_')
                 .count()
@@ -277,7 +279,10 @@ impl LayerConfig {
             env,
             entrypoint: upper.entrypoint.clone().or_else(|| self.entrypoint.clone()),
             cmd,
-            working_dir: upper.working_dir.clone().or_else(|| self.working_dir.clone()),
+            working_dir: upper
+                .working_dir
+                .clone()
+                .or_else(|| self.working_dir.clone()),
             user: upper.user.clone().or_else(|| self.user.clone()),
             labels,
         }

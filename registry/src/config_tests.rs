@@ -13,8 +13,15 @@ fn values_expand_against_the_value_below() {
     assert_eq!(expand("${HOME}/go", &below), "/root/go");
     assert_eq!(expand("$HOMEx", &below), "");
     assert_eq!(expand("${HOME}x", &below), "/rootx");
-    assert_eq!(expand("cost: $$5 $ ${ $1 ${A", &below), "cost: $5 $ ${ $1 ${A");
-    assert_eq!(expand("$A", &below), "x$y", "a concrete value is not expanded again");
+    assert_eq!(
+        expand("cost: $$5 $ ${ $1 ${A", &below),
+        "cost: $5 $ ${ $1 ${A"
+    );
+    assert_eq!(
+        expand("$A", &below),
+        "x$y",
+        "a concrete value is not expanded again"
+    );
     assert_eq!(expand("$NOPE-", &below), "-");
     assert_eq!(
         expand("/opt/bin:$PATH", &[]),
@@ -39,7 +46,10 @@ fn a_layer_adds_to_path_and_overrides() {
         ..Default::default()
     };
     let c = tk.apply(&base);
-    assert_eq!(c.env, env(&["PATH=/opt/tk/bin:/usr/bin:/bin", "LANG=C", "TK=1"]));
+    assert_eq!(
+        c.env,
+        env(&["PATH=/opt/tk/bin:/usr/bin:/bin", "LANG=C", "TK=1"])
+    );
     assert_eq!(c.cmd, vec!["/bin/bash".to_string()]);
     assert_eq!(c.working_dir.as_deref(), Some("/work"));
     assert_eq!(c.labels.len(), 2);
@@ -56,7 +66,10 @@ fn a_layer_adds_to_path_and_overrides() {
         env: env(&["X=a$b", "PATH=/p"]),
         ..c2.clone()
     };
-    assert_eq!(LayerConfig::from_image(&lit).apply(&ImageConfig::default()), lit);
+    assert_eq!(
+        LayerConfig::from_image(&lit).apply(&ImageConfig::default()),
+        lit
+    );
 }
 
 #[test]
@@ -91,7 +104,10 @@ fn value() -> impl Strategy<Value = String> {
 }
 
 fn entry() -> impl Strategy<Value = String> {
-    (prop_oneof![Just("A"), Just("B"), Just("PATH"), Just("C_1")], value())
+    (
+        prop_oneof![Just("A"), Just("B"), Just("PATH"), Just("C_1")],
+        value(),
+    )
         .prop_map(|(k, v)| format!("{k}={v}"))
 }
 

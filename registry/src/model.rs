@@ -116,7 +116,7 @@ pub struct LayerDescriptor {
     pub labels: BTreeMap<String, String>,
     /// The config this layer declares (`build --env …`): merged onto what it is put on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub config: Option<LayerConfig>,
+    pub config: Option<Box<LayerConfig>>,
     /// What this layer was built on: compose refuses to put it on anything else (unless `--rebase`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub built_on: Option<BuiltOn>,
@@ -125,7 +125,7 @@ pub struct LayerDescriptor {
 impl LayerDescriptor {
     /// The config the layer declares (empty if none).
     pub fn declared(&self) -> LayerConfig {
-        self.config.clone().unwrap_or_default()
+        self.config.as_deref().cloned().unwrap_or_default()
     }
 }
 
@@ -362,12 +362,16 @@ mod tests {
         let old = br#"{"schema":1,"kind":"toolkit","meta":{"digest":"blake3:0000000000000000000000000000000000000000000000000000000000000000","size":4096},"blobs":[],"chunk_size":1048576,"stats":{"entries":1,"files":0,"file_bytes":0,"chunks":0,"new_chunks":0,"new_bytes":0,"whiteouts":0,"stored_bytes":10}}"#;
         let d = LayerDescriptor::from_bytes(old).unwrap();
         assert_eq!((d.config.clone(), d.built_on.clone()), (None, None));
-        assert_eq!(d.to_bytes(), old.to_vec(), "an old descriptor keeps its digest");
+        assert_eq!(
+            d.to_bytes(),
+            old.to_vec(),
+            "an old descriptor keeps its digest"
+        );
         let mut d2 = d.clone();
-        d2.config = Some(LayerConfig {
+        d2.config = Some(Box::new(LayerConfig {
             env: vec!["PATH=/opt/bin:$PATH".into()],
             ..Default::default()
-        });
+        }));
         d2.built_on = Some(BuiltOn {
             image: None,
             layers: vec![Digest::of(b"base")],

@@ -117,7 +117,11 @@ fn configs_are_declared_merged_in_order_and_kept() {
     let tkl = inspect(&store, &tk);
     assert_eq!(
         strings(&tkl["config"]["env"]),
-        ["PATH=/opt/tk/bin:${PATH}", "TK_HOME=/opt/tk", "TK_BIN=/opt/tk/bin"]
+        [
+            "PATH=/opt/tk/bin:${PATH}",
+            "TK_HOME=/opt/tk",
+            "TK_BIN=/opt/tk/bin"
+        ]
     );
     assert_eq!(
         tkl["built_on"]["image"].as_str(),
@@ -143,7 +147,15 @@ fn configs_are_declared_merged_in_order_and_kept() {
 
     // Bottom to top in the order given: the toolkit below the workspace ...
     store.ok(&[
-        "compose", "--base", "cfg/base:v1", "--toolkit", &tk, "--workspace", &ws, "-t", "cfg/a:v1",
+        "compose",
+        "--base",
+        "cfg/base:v1",
+        "--toolkit",
+        &tk,
+        "--workspace",
+        &ws,
+        "-t",
+        "cfg/a:v1",
     ]);
     let a = inspect(&store, "cfg/a:v1");
     assert_eq!(layer_digests(&a), [base_layer.as_str(), &tk, &ws]);
@@ -169,7 +181,15 @@ fn configs_are_declared_merged_in_order_and_kept() {
     assert_eq!(c["labels"]["org.example.tk"], "2");
     // ... and the other way round when given the other way round.
     store.ok(&[
-        "compose", "--base", "cfg/base:v1", "--workspace", &ws, "--toolkit", &tk, "-t", "cfg/b:v1",
+        "compose",
+        "--base",
+        "cfg/base:v1",
+        "--workspace",
+        &ws,
+        "--toolkit",
+        &tk,
+        "-t",
+        "cfg/b:v1",
     ]);
     let b = inspect(&store, "cfg/b:v1");
     assert_eq!(layer_digests(&b), [base_layer.as_str(), &ws, &tk]);
@@ -203,8 +223,17 @@ fn configs_are_declared_merged_in_order_and_kept() {
     );
     assert!(c["cmd"].is_null(), "--cmd [] clears: {c}");
     store.ok(&[
-        "compose", "--base", "cfg/base:v1", "--toolkit", &tk, "--config-from", "cfg/base:v1",
-        "--workdir", "/srv", "-t", "cfg/d:v1",
+        "compose",
+        "--base",
+        "cfg/base:v1",
+        "--toolkit",
+        &tk,
+        "--config-from",
+        "cfg/base:v1",
+        "--workdir",
+        "/srv",
+        "-t",
+        "cfg/d:v1",
     ]);
     let d = inspect(&store, "cfg/d:v1")["manifest"]["config"].clone();
     assert_eq!(strings(&d["env"]), ["PATH=/usr/bin:/bin", "LANG=C"]);
@@ -216,18 +245,32 @@ fn configs_are_declared_merged_in_order_and_kept() {
         human.contains("config   env        PATH=/opt/tk/bin:/usr/bin:/bin"),
         "{human}"
     );
-    assert!(human.contains("declares env        PATH=/opt/tk/bin:${PATH}"), "{human}");
+    assert!(
+        human.contains("declares env        PATH=/opt/tk/bin:${PATH}"),
+        "{human}"
+    );
     assert!(human.contains("built on image"), "{human}");
 
     // pack_diff keeps the image's config and applies its flags; the diff records its image.
     let upper = tree(&[("work/out.txt", "result")]);
     let out = json(&store.ok(&[
-        "pack-diff", "--upper", p(upper.path()), "--image", "cfg/a:v1", "-t", "cfg/a:snap",
-        "--env", "STEP=2", "--json",
+        "pack-diff",
+        "--upper",
+        p(upper.path()),
+        "--image",
+        "cfg/a:v1",
+        "-t",
+        "cfg/a:snap",
+        "--env",
+        "STEP=2",
+        "--json",
     ]));
     let snap = inspect(&store, "cfg/a:snap");
     let sc = &snap["manifest"]["config"];
-    assert_eq!(strings(&sc["env"]).last().map(String::as_str), Some("STEP=2"));
+    assert_eq!(
+        strings(&sc["env"]).last().map(String::as_str),
+        Some("STEP=2")
+    );
     assert_eq!(sc["working_dir"], "/work");
     assert_eq!(sc["user"], "1000:1000");
     let diff = inspect(&store, out["layer"].as_str().expect("layer"));
@@ -240,19 +283,31 @@ fn configs_are_declared_merged_in_order_and_kept() {
     store.ok(&["compose", "--base", &flat, "-t", "cfg/a:flat2"]);
     assert_eq!(inspect(&store, "cfg/a:flat2")["manifest"]["config"], *sc);
     store.ok(&[
-        "flatten", "cfg/a:snap", "--from", "1", "-t", "cfg/a:flat3", "--user", "0",
+        "flatten",
+        "cfg/a:snap",
+        "--from",
+        "1",
+        "-t",
+        "cfg/a:flat3",
+        "--user",
+        "0",
     ]);
     let f3 = inspect(&store, "cfg/a:flat3");
     assert_eq!(f3["manifest"]["config"]["user"], "0");
     let top = &f3["layers"][1];
     assert_eq!(
         strings(&top["built_on"]["layers"]),
-        [base_layer.clone()],
+        [base_layer.as_str()],
         "a flattened upper range records the layers below it"
     );
     assert_eq!(
         strings(&top["config"]["env"]),
-        ["PATH=/opt/tk/bin:${PATH}", "TK_HOME=/opt/tk", "TK_BIN=/opt/tk/bin", "STEP=2"],
+        [
+            "PATH=/opt/tk/bin:${PATH}",
+            "TK_HOME=/opt/tk",
+            "TK_BIN=/opt/tk/bin",
+            "STEP=2"
+        ],
         "a flattened range declares what its layers declared"
     );
 
@@ -288,38 +343,104 @@ fn compose_refuses_a_layer_built_on_another_base() {
     let tk = build(
         &store,
         tk_src.path(),
-        &["--kind", "toolkit", "--on", "deb/base:v1", "-t", "deb/tk:v1"],
+        &[
+            "--kind",
+            "toolkit",
+            "--on",
+            "deb/base:v1",
+            "-t",
+            "deb/tk:v1",
+        ],
     );
 
     // On the base it was built on: accepted (by layer digest or by the one-layer image's tag).
-    store.ok(&["compose", "--base", "deb/base:v1", "--toolkit", &tk, "-t", "deb/ok:v1"]);
-    store.ok(&["compose", "--base", "deb/base:v1", "--toolkit", "deb/tk:v1", "-t", "deb/ok:v2"]);
+    store.ok(&[
+        "compose",
+        "--base",
+        "deb/base:v1",
+        "--toolkit",
+        &tk,
+        "-t",
+        "deb/ok:v1",
+    ]);
+    store.ok(&[
+        "compose",
+        "--base",
+        "deb/base:v1",
+        "--toolkit",
+        "deb/tk:v1",
+        "-t",
+        "deb/ok:v2",
+    ]);
     // On another: refused, naming the base it was built on and the one given; nothing tagged.
-    let o = store.run(&["compose", "--base", "deb/base:v2", "--toolkit", &tk, "-t", "deb/bad:v1"]);
+    let o = store.run(&[
+        "compose",
+        "--base",
+        "deb/base:v2",
+        "--toolkit",
+        &tk,
+        "-t",
+        "deb/bad:v1",
+    ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let e = stderr(&o);
-    for want in [tk.as_str(), v1.as_str(), "deb/base:v2", "--rebase", "dpkg/status"] {
+    for want in [
+        tk.as_str(),
+        v1.as_str(),
+        "deb/base:v2",
+        "--rebase",
+        "dpkg/status",
+    ] {
         assert!(e.contains(want), "error lacks {want:?}: {e}");
     }
     assert_eq!(store.run(&["inspect", "deb/bad:v1"]).status.code(), Some(3));
     // With --rebase: composed, with a warning.
     let o = store.run(&[
-        "compose", "--base", "deb/base:v2", "--toolkit", &tk, "--rebase", "-t", "deb/bad:v1",
+        "compose",
+        "--base",
+        "deb/base:v2",
+        "--toolkit",
+        &tk,
+        "--rebase",
+        "-t",
+        "deb/bad:v1",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("warning"), "{}", stderr(&o));
     // A layer without a recorded base is taken as before.
     let free = build(&store, tk_src.path(), &["--kind", "toolkit"]);
-    store.ok(&["compose", "--base", "deb/base:v2", "--toolkit", &free, "-t", "deb/free:v1"]);
+    store.ok(&[
+        "compose",
+        "--base",
+        "deb/base:v2",
+        "--toolkit",
+        &free,
+        "-t",
+        "deb/free:v1",
+    ]);
     // A pack_diff diff records the image it was made on: refused on another base too.
     let upper = tree(&[("root/notes", "n")]);
     let out = json(&store.ok(&[
-        "pack-diff", "--upper", p(upper.path()), "--image", "deb/ok:v1", "-t", "deb/snap:v1",
+        "pack-diff",
+        "--upper",
+        p(upper.path()),
+        "--image",
+        "deb/ok:v1",
+        "-t",
+        "deb/snap:v1",
         "--json",
     ]));
     let diff = out["layer"].as_str().expect("layer");
     store.ok(&["compose", "--base", "deb/snap:v1", "-t", "deb/snap:v2"]);
-    let o = store.run(&["compose", "--base", "deb/base:v2", "--workspace", diff, "-t", "deb/x:v1"]);
+    let o = store.run(&[
+        "compose",
+        "--base",
+        "deb/base:v2",
+        "--workspace",
+        diff,
+        "-t",
+        "deb/x:v1",
+    ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     // A base layer is a bottom: --on makes no sense for it.
     let o = store.run(&["build", p(b1.path()), "--on", "deb/base:v1"]);
@@ -335,9 +456,21 @@ fn the_layer_order_rule_is_stated_once() {
     let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/CLI.md"))
         .expect("docs/CLI.md");
     let rule = "--workspace and --toolkit layers in the order given, the first lowest";
-    let flat = |s: &str| s.replace('`', "").split_whitespace().collect::<Vec<_>>().join(" ");
-    for (what, text) in [("strata --help", &help), ("compose --help", &chelp), ("docs/CLI.md", &docs)] {
-        assert!(flat(text).contains(rule), "{what} does not state the order rule: {text}");
+    let flat = |s: &str| {
+        s.replace('`', "")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    for (what, text) in [
+        ("strata --help", &help),
+        ("compose --help", &chelp),
+        ("docs/CLI.md", &docs),
+    ] {
+        assert!(
+            flat(text).contains(rule),
+            "{what} does not state the order rule: {text}"
+        );
     }
 }
 
@@ -357,7 +490,11 @@ fn bundle_runs_the_merged_config_with_runc() {
     )
     .expect("passwd");
     std::fs::write(base.path().join("etc/group"), "root:x:0:\nagent:x:1001:\n").expect("group");
-    build(&store, base.path(), &["-t", "run/base:v1", "--env", "PATH=/bin"]);
+    build(
+        &store,
+        base.path(),
+        &["-t", "run/base:v1", "--env", "PATH=/bin"],
+    );
     let tk_src = tree(&[("opt/tk/bin/hello", "#!/bin/sh\necho hello from $TK\n")]);
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(
@@ -369,7 +506,13 @@ fn bundle_runs_the_merged_config_with_runc() {
         &store,
         tk_src.path(),
         &[
-            "--kind", "toolkit", "--on", "run/base:v1", "--env", "PATH=/opt/tk/bin:$PATH", "--env",
+            "--kind",
+            "toolkit",
+            "--on",
+            "run/base:v1",
+            "--env",
+            "PATH=/opt/tk/bin:$PATH",
+            "--env",
             "TK=toolkit",
         ],
     );
@@ -377,7 +520,16 @@ fn bundle_runs_the_merged_config_with_runc() {
     let ws = build(
         &store,
         ws_src.path(),
-        &["--kind", "workspace", "--on", "run/base:v1", "--workdir", "/work", "--user", "agent"],
+        &[
+            "--kind",
+            "workspace",
+            "--on",
+            "run/base:v1",
+            "--workdir",
+            "/work",
+            "--user",
+            "agent",
+        ],
     );
     store.ok(&[
         "compose",
@@ -403,7 +555,13 @@ fn bundle_runs_the_merged_config_with_runc() {
     d.ok(&["umount", "--sandbox", "api1", "--purge"]);
 
     let bdir = scratch("bundle");
-    d.ok(&["bundle", "run/agent:v1", "--sandbox", "run1", p(bdir.path())]);
+    d.ok(&[
+        "bundle",
+        "run/agent:v1",
+        "--sandbox",
+        "run1",
+        p(bdir.path()),
+    ]);
     let o = std::process::Command::new("runc")
         .args(["run", "--bundle", p(bdir.path()), "strata-test-cfg-run1"])
         .stdin(std::process::Stdio::null())

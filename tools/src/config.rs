@@ -94,7 +94,7 @@ impl ConfigArgs {
     }
 
     /// `--config-from`'s image config, if given.
-    fn from_image(&self, store: &Store) -> Result<Option<ImageConfig>> {
+    fn source_config(&self, store: &Store) -> Result<Option<ImageConfig>> {
         self.config_from
             .as_deref()
             .map(|r| {
@@ -108,14 +108,14 @@ impl ConfigArgs {
     /// The config of an image that would otherwise have `inherited`: `--config-from`'s (if given)
     /// instead, with the other flags applied on top.
     pub fn image_config(&self, store: &Store, inherited: ImageConfig) -> Result<ImageConfig> {
-        let start = self.from_image(store)?.unwrap_or(inherited);
+        let start = self.source_config(store)?.unwrap_or(inherited);
         Ok(self.declared()?.apply(&start))
     }
 
     /// The config a new layer declares on top of what it inherits (`inherited`, itself declared):
     /// `--config-from`'s config literally (if given) instead, then the other flags.
     pub fn layer_config(&self, store: &Store, inherited: LayerConfig) -> Result<LayerConfig> {
-        let start = match self.from_image(store)? {
+        let start = match self.source_config(store)? {
             Some(c) => LayerConfig::from_image(&c),
             None => inherited,
         };

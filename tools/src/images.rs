@@ -343,7 +343,13 @@ fn print_layer(d: &Digest, l: &LayerDescriptor) {
             println!("    {d}");
         }
     }
-    for line in l.config.iter().flat_map(crate::config::describe_declared) {
+    for line in l
+        .config
+        .as_deref()
+        .map(crate::config::describe_declared)
+        .into_iter()
+        .flatten()
+    {
         println!("  declares {line}");
     }
     for (i, b) in l.blobs.iter().enumerate() {

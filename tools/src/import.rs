@@ -120,13 +120,7 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
             .map(|l| (l.digest, l.descriptor.clone()))
             .collect()
     };
-    let digest = make_annotated_image(
-        store,
-        parts,
-        config,
-        oci::annotations(&image),
-        &tag,
-    )?;
+    let digest = make_annotated_image(store, parts, config, oci::annotations(&image), &tag)?;
     let stored: u64 = layers.iter().map(|l| l.stored_bytes()).sum::<u64>()
         + flattened.as_ref().map_or(0, |(_, s)| s.stored_bytes);
     if a.json {

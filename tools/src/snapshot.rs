@@ -31,10 +31,10 @@ use strata_registry::model::{
 };
 use strata_registry::store::{Store, StoreError, TagState};
 
+use crate::config::ConfigArgs;
 use crate::exit::{NotFound, Usage};
 use crate::freeze::Frozen;
 use crate::images::{human, resolve_image};
-use crate::config::ConfigArgs;
 use crate::layers::with_progress;
 use crate::view::View;
 
@@ -389,7 +389,14 @@ pub fn flatten(store: &Store, a: FlattenArgs) -> Result<()> {
         strata_builder::flatten::flatten(store, &below, &range, opts)
     })?;
     let prev = store.tag_get(&tag)?;
-    let digest = put_image(store, (&m, a.from), (built.digest, kind), config, &tag, prev)?;
+    let digest = put_image(
+        store,
+        (&m, a.from),
+        (built.digest, kind),
+        config,
+        &tag,
+        prev,
+    )?;
     let s = &built.descriptor.stats;
     let out = json!({
         "tag": tag.to_string(),
