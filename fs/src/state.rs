@@ -311,6 +311,15 @@ mod tests {
         // A leftover temporary file from a kill mid-write is not a record.
         std::fs::write(t.path().join("node/sandboxes/d.tmp99"), b"x").expect("write");
         assert_eq!(st.sandboxes().0.len(), 1);
+        // A record written before sandboxes kept their image's config reads with an empty one.
+        let mut old = serde_json::to_value(sandbox("e")).expect("json");
+        old.as_object_mut().expect("object").remove("config");
+        let old = old.to_string();
+        assert!(!old.contains("config"));
+        std::fs::write(t.path().join("node/sandboxes/e.json"), old).expect("write");
+        let (good, _) = st.sandboxes();
+        let e = good.iter().find(|s| s.id == "e").expect("old record read");
+        assert_eq!(e.config, ImageConfig::default());
     }
 
     #[test]

@@ -575,3 +575,54 @@ fn bundle_runs_the_merged_config_with_runc() {
     d.ok(&["umount", "--sandbox", "run1", "--purge"]);
     assert_eq!(d.stop(), Vec::<String>::new(), "mounts left behind");
 }
+
+#[test]
+fn import_applies_config_flags_to_the_oci_config() {
+    if !strata_tests::oci::have_umoci() {
+        return;
+    }
+    let work = scratch("cfg-oci");
+    let layout = strata_tests::oci::umoci_image(work.path());
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let src = format!("oci:{}:t", p(&layout));
+    store.ok(&[
+        "import",
+        &src,
+        "-t",
+        "imp/a:v1",
+        "--env",
+        "PATH=/opt/x/bin:$PATH",
+        "--workdir",
+        "/srv",
+        "--label",
+        "org.example.added=yes",
+    ]);
+    let c = inspect(&store, "imp/a:v1")["manifest"]["config"].clone();
+    let env = strings(&c["env"]);
+    assert!(
+        env.contains(&"PATH=/opt/x/bin:/usr/bin:/bin".to_string()),
+        "{c}"
+    );
+    assert_eq!(c["working_dir"], "/srv");
+    assert_eq!(c["user"], "app", "what the flags do not change stays");
+    assert_eq!(c["labels"]["org.example.kind"], "test");
+    assert_eq!(c["labels"]["org.example.added"], "yes");
+    // --config-from replaces the OCI config; the flags still apply on top.
+    let other = tree(&[("etc/x", "x")]);
+    build(&store, other.path(), &["-t", "imp/cfg:v1", "--env", "A=1"]);
+    store.ok(&[
+        "import",
+        &src,
+        "-t",
+        "imp/b:v1",
+        "--config-from",
+        "imp/cfg:v1",
+        "--user",
+        "0",
+    ]);
+    let c = inspect(&store, "imp/b:v1")["manifest"]["config"].clone();
+    assert_eq!(strings(&c["env"]), ["A=1"]);
+    assert_eq!(c["user"], "0");
+    assert!(c["working_dir"].is_null() && c["labels"].is_null(), "{c}");
+}
