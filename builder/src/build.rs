@@ -15,7 +15,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use strata_registry::digest::Digest;
-use strata_registry::model::{BlobRef, LayerDescriptor, LayerKind, LayerStats, ObjectRef, SCHEMA};
+use strata_registry::model::{
+    BlobRef, BuiltOn, LayerConfig, LayerDescriptor, LayerKind, LayerStats, ObjectRef, SCHEMA,
+};
 use strata_registry::store::Store;
 
 use crate::chunker::{ChunkData, Pool, PoolOptions, Unit};
@@ -46,6 +48,10 @@ pub struct BuildOptions {
     /// Layers whose chunks are not stored again (e.g. the previous version, or an image's layers).
     pub parents: Vec<Digest>,
     pub labels: BTreeMap<String, String>,
+    /// The config the layer declares (stored in its descriptor; empty: none).
+    pub config: LayerConfig,
+    /// What the layer is built on (recorded in its descriptor; compose checks it).
+    pub built_on: Option<BuiltOn>,
     /// Bytes of file data processed so far (for progress displays).
     pub progress: Arc<AtomicU64>,
     /// Regular files added so far (for progress displays).
@@ -76,6 +82,8 @@ impl BuildOptions {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             parents: Vec::new(),
             labels: BTreeMap::new(),
+            config: LayerConfig::default(),
+            built_on: None,
             progress: Arc::new(AtomicU64::new(0)),
             files_done: Arc::new(AtomicU64::new(0)),
             bottom: false,
@@ -588,6 +596,8 @@ fn finish(
         stats: stats.clone(),
         parent: opts.parents.first().copied(),
         labels: opts.labels.clone(),
+        config: (!opts.config.is_empty()).then(|| Box::new(opts.config.clone())),
+        built_on: opts.built_on.clone(),
     };
     let digest = store.put_layer(&descriptor)?;
     Ok(BuiltLayer { digest, descriptor })

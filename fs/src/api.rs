@@ -127,6 +127,19 @@ fn sandbox_json(d: &Daemon, s: &crate::daemon::Sandbox) -> Value {
     v
 }
 
+/// A sandbox with the process its image's config starts (user names resolved in its rootfs): for a
+/// created sandbox and `GET /v1/sandboxes/<id>` of a running one.
+fn sandbox_with_process(d: &Daemon, s: &crate::daemon::Sandbox) -> Value {
+    let mut v = sandbox_json(d, s);
+    if s.state == crate::state::SandboxState::Running {
+        match crate::process::Process::of(&s.rootfs, &s.config) {
+            Ok(p) => v["process"] = json!(p),
+            Err(e) => v["process_error"] = json!(e.to_string()),
+        }
+    }
+    v
+}
+
 fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8>) {
     let json_reply =
         |(status, v): (u16, Value)| (status, "application/json", v.to_string().into_bytes());
@@ -171,7 +184,7 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
             json_reply((200, json!(v)))
         }
         ("GET", ["v1", "sandboxes", id]) => json_reply(match d.sandbox(id) {
-            Some(s) => (200, sandbox_json(d, &s)),
+            Some(s) => (200, sandbox_with_process(d, &s)),
             None => error_json(&DaemonError::NoSandbox(id.to_string())),
         }),
         ("POST", ["v1", "sandboxes"]) => {
@@ -199,7 +212,7 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
                 },
             };
             json_reply(match d.create_sandbox(image, id, dir.as_deref(), reuse) {
-                Ok(s) => (201, sandbox_json(d, &s)),
+                Ok(s) => (201, sandbox_with_process(d, &s)),
                 Err(e) => error_json(&e),
             })
         }

@@ -8,7 +8,8 @@
 //! of its image's layers ([`sandboxes`]). The node's state ([`state`]) is on disk, so a successor
 //! serving the same FUSE connection — or a daemon restarted after the node died — knows every sandbox.
 //! [`warming`] fetches an image's prefetch plan in the background when it is mounted. [`api`] is the
-//! control socket, [`metrics`] what it exports.
+//! control socket, [`metrics`] what it exports; [`process`] is what an image's config starts in a
+//! sandbox, as the API reports it.
 
 pub mod api;
 pub mod blobfs;
@@ -20,6 +21,7 @@ pub mod metadir;
 pub mod metrics;
 pub mod mount;
 pub mod perms;
+pub mod process;
 pub mod sandboxes;
 pub mod size;
 pub mod slowread;

@@ -158,6 +158,7 @@ impl Daemon {
                 .map_or(0, |d| d.as_secs()),
             image_bytes,
             state: SandboxState::Running,
+            config: m.config.clone(),
         };
         lowers.reverse(); // overlay wants the top layer first
         if let Err(e) = self.mount_sandbox(&sb, &lowers) {

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use strata_registry::digest::Digest;
-use strata_registry::model::{BlobRef, LayerDescriptor};
+use strata_registry::model::{BlobRef, ImageConfig, LayerDescriptor};
 use strata_registry::toc::Toc;
 
 /// Errors reading or writing the node's state.
@@ -76,6 +76,10 @@ pub struct Sandbox {
     pub image_bytes: u64,
     #[serde(default)]
     pub state: SandboxState,
+    /// The image's config (what a process started in the sandbox should get; records written before
+    /// configs were kept read as empty).
+    #[serde(default)]
+    pub config: ImageConfig,
 }
 
 /// The state directory's `node/` part.
@@ -281,6 +285,7 @@ mod tests {
             created: 1,
             image_bytes: 2,
             state: SandboxState::Running,
+            config: ImageConfig::default(),
         }
     }
 
@@ -306,6 +311,15 @@ mod tests {
         // A leftover temporary file from a kill mid-write is not a record.
         std::fs::write(t.path().join("node/sandboxes/d.tmp99"), b"x").expect("write");
         assert_eq!(st.sandboxes().0.len(), 1);
+        // A record written before sandboxes kept their image's config reads with an empty one.
+        let mut old = serde_json::to_value(sandbox("e")).expect("json");
+        old.as_object_mut().expect("object").remove("config");
+        let old = old.to_string();
+        assert!(!old.contains("config"));
+        std::fs::write(t.path().join("node/sandboxes/e.json"), old).expect("write");
+        let (good, _) = st.sandboxes();
+        let e = good.iter().find(|s| s.id == "e").expect("old record read");
+        assert_eq!(e.config, ImageConfig::default());
     }
 
     #[test]

@@ -292,6 +292,8 @@ mod tests {
             stats: LayerStats::default(),
             parent: None,
             labels: Default::default(),
+            config: Default::default(),
+            built_on: None,
         };
         // The workspace (20) deduplicated against the base's blob 1 and has its own blob 2.
         let layers = vec![(d(10), layer(&[1])), (d(20), layer(&[2, 1]))];

@@ -83,6 +83,8 @@ fn descriptor(content: u64) -> LayerDescriptor {
         stats: LayerStats::default(),
         parent: None,
         labels: Default::default(),
+        config: Default::default(),
+        built_on: None,
     }
 }
 

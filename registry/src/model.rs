@@ -10,6 +10,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::config::{ImageConfig, LayerConfig};
 use crate::digest::Digest;
 
 /// The schema version this code writes and reads.
@@ -110,25 +111,32 @@ pub struct LayerDescriptor {
     /// The layer whose chunks this one was deduplicated against, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<Digest>,
+    /// strata's own labels (`strata.pack_diff.image`, the OCI diff and chain IDs of an import, …).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// The config this layer declares (`build --env …`): merged onto what it is put on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<Box<LayerConfig>>,
+    /// What this layer was built on: compose refuses to put it on anything else (unless `--rebase`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub built_on: Option<BuiltOn>,
 }
 
-/// The runtime configuration an image carries (used by `strata bundle`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ImageConfig {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub entrypoint: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub cmd: Vec<String>,
+impl LayerDescriptor {
+    /// The config the layer declares (empty if none).
+    pub fn declared(&self) -> LayerConfig {
+        self.config.as_deref().cloned().unwrap_or_default()
+    }
+}
+
+/// The layers a layer was built on (a toolkit's or workspace's base, the image a diff was made on).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuiltOn {
+    /// The image's manifest, when it was given as an image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub working_dir: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
+    pub image: Option<Digest>,
+    /// Its layers, bottom first: an image this layer is put in must have exactly these at its bottom.
+    pub layers: Vec<Digest>,
 }
 
 /// One layer of an image.
@@ -347,6 +355,28 @@ mod tests {
             Ok(Reference::Digest(_))
         ));
         assert!(Reference::parse("blake3:12").is_err());
+    }
+
+    #[test]
+    fn descriptors_without_config_or_base_still_parse() {
+        let old = br#"{"schema":1,"kind":"toolkit","meta":{"digest":"blake3:0000000000000000000000000000000000000000000000000000000000000000","size":4096},"blobs":[],"chunk_size":1048576,"stats":{"entries":1,"files":0,"file_bytes":0,"chunks":0,"new_chunks":0,"new_bytes":0,"whiteouts":0,"stored_bytes":10}}"#;
+        let d = LayerDescriptor::from_bytes(old).unwrap();
+        assert_eq!((d.config.clone(), d.built_on.clone()), (None, None));
+        assert_eq!(
+            d.to_bytes(),
+            old.to_vec(),
+            "an old descriptor keeps its digest"
+        );
+        let mut d2 = d.clone();
+        d2.config = Some(Box::new(LayerConfig {
+            env: vec!["PATH=/opt/bin:$PATH".into()],
+            ..Default::default()
+        }));
+        d2.built_on = Some(BuiltOn {
+            image: None,
+            layers: vec![Digest::of(b"base")],
+        });
+        assert_eq!(LayerDescriptor::from_bytes(&d2.to_bytes()).unwrap(), d2);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
-use crate::{catalog, images, import, layers, node, progress, snapshot, trace, view};
+use crate::{catalog, compose, images, import, layers, node, progress, snapshot, trace, view};
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
@@ -36,8 +36,10 @@ pub struct Cli {
 pub enum Cmd {
     /// Build a layer from a directory or tar stream; prints its digest.
     Build(layers::BuildArgs),
-    /// Make an image from layers, bottom to top as listed (no data is copied).
-    Compose(images::ComposeArgs),
+    /// Make an image from layers (no data is copied): --base at the bottom, then the --workspace and
+    /// --toolkit layers in the order given, the first lowest. Refuses a layer built on another base
+    /// unless --rebase.
+    Compose(compose::Compose),
     /// Point NAME:TAG at an image (compare-and-swap).
     Tag(images::TagArgs),
     /// Delete tags (compare-and-swap); `strata gc` then reclaims what nothing reaches.
@@ -170,9 +172,10 @@ pub fn run_pack_diff(cli: PackDiffCli) -> Result<()> {
     snapshot::pack_diff(&store, &cli.socket, cli.args)
 }
 
-/// Runs a parsed command line. Commands that only talk to stratad (`mount`, `umount`, `ps`) open no
-/// store: opening one builds an async runtime (threads started, then joined at exit) and creates a local
-/// store's directory, which cost `strata mount` more than its request to the daemon.
+/// Runs a parsed command line. Commands that only talk to stratad (`mount`, `umount`, `ps`, and
+/// `bundle`, which gets the image's process from stratad) open no store: opening one builds an async
+/// runtime (threads started, then joined at exit) and creates a local store's directory, which cost
+/// `strata mount` more than its request to the daemon.
 pub fn run(cli: Cli) -> Result<()> {
     progress::set_mode(cli.progress);
     let socket = &cli.socket;
@@ -205,6 +208,11 @@ pub fn run(cli: Cli) -> Result<()> {
         } => return node::rm(socket, &sandboxes, stopped, force, json),
         Cmd::Daemon(c) => return node::daemon(socket, c),
         Cmd::Ps { json } => return node::ps(socket, json),
+        Cmd::Bundle {
+            image,
+            sandbox,
+            dir,
+        } => return node::bundle(socket, &image, &sandbox, &dir),
         cmd => cmd,
     };
     // Only commands that add to a store create it; the rest need one that exists.
@@ -215,7 +223,7 @@ pub fn run(cli: Cli) -> Result<()> {
     let store = open(&cli.store).with_context(|| format!("opening store {}", cli.store))?;
     match cmd {
         Cmd::Build(a) => layers::build(&store, a),
-        Cmd::Compose(a) => images::compose(&store, a),
+        Cmd::Compose(a) => compose::compose(&store, a),
         Cmd::Tag(a) => images::tag(&store, a),
         Cmd::Rmi(a) => catalog::rmi(&store, a),
         Cmd::Images { json } => catalog::list(&store, json),
@@ -232,12 +240,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Flatten(a) => snapshot::flatten(&store, a),
         Cmd::Trace(a) => trace::trace(&store, socket, a),
         Cmd::Gc(a) => catalog::gc(&store, a),
-        Cmd::Bundle {
-            image,
-            sandbox,
-            dir,
-        } => node::bundle(&store, socket, &image, &sandbox, &dir),
         Cmd::Mount { .. }
+        | Cmd::Bundle { .. }
         | Cmd::Umount { .. }
         | Cmd::Rm { .. }
         | Cmd::Daemon(_)

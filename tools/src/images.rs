@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 use strata_registry::digest::Digest;
 use strata_registry::model::{
-    ImageConfig, LayerDescriptor, LayerKind, Manifest, ManifestLayer, Reference, TagName, SCHEMA,
+    ImageConfig, LayerDescriptor, Manifest, ManifestLayer, Reference, TagName, SCHEMA,
 };
 use strata_registry::store::{key, Store, StoreError, TagState};
 
@@ -54,7 +54,7 @@ pub fn resolve_image(store: &Store, r: &str) -> Result<(Option<Digest>, Manifest
                     digest: d,
                     kind: l.kind,
                 }],
-                config: ImageConfig::default(),
+                config: l.declared().apply(&ImageConfig::default()),
                 annotations: Default::default(),
             },
         ),
@@ -85,16 +85,17 @@ pub fn resolve_layer(store: &Store, r: &str) -> Result<(Digest, LayerDescriptor)
     }
 }
 
-/// Arguments of `strata compose`.
+/// Arguments of `strata compose` (the layers above the base are ordered by [`crate::compose::Compose`]).
 #[derive(clap::Args)]
 pub struct ComposeArgs {
-    /// The bottom layer (it must hold no whiteouts).
+    /// The bottom: an image (all its layers, and its config) or a layer; it must hold no whiteouts.
     #[arg(long)]
     pub base: String,
-    /// Workspace layers, bottom to top.
+    /// A workspace layer (or image) above the base (repeatable). --workspace and --toolkit layers stack
+    /// in the order given, the first lowest.
     #[arg(long)]
     pub workspace: Vec<String>,
-    /// Toolkit layers, bottom to top (above the workspaces).
+    /// A toolkit layer (or image) above the base (repeatable), in the same order as --workspace.
     #[arg(long)]
     pub toolkit: Vec<String>,
     /// Tag for the new image.
@@ -103,6 +104,12 @@ pub struct ComposeArgs {
     /// Move the tag if it already names another image.
     #[arg(long)]
     pub force: bool,
+    /// Compose layers on a base other than the one they were built on (their files, e.g. a toolkit's
+    /// /var/lib/dpkg/status, then hide the base's).
+    #[arg(long)]
+    pub rebase: bool,
+    #[command(flatten)]
+    pub config: crate::config::ConfigArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -180,41 +187,6 @@ pub fn set_tag(store: &Store, tag: &TagName, digest: &Digest, force: bool) -> Re
         _ => {}
     }
     store.tag_set(tag, prev.as_ref(), digest)?;
-    Ok(())
-}
-
-/// `strata compose`.
-pub fn compose(store: &Store, a: ComposeArgs) -> Result<()> {
-    let tag = TagName::parse(&a.tag)?;
-    let mut layers = Vec::new();
-    let mut config = ImageConfig::default();
-    let groups = [
-        (vec![a.base.clone()], LayerKind::Base),
-        (a.workspace.clone(), LayerKind::Workspace),
-        (a.toolkit.clone(), LayerKind::Toolkit),
-    ];
-    for (refs, _) in groups.iter() {
-        for r in refs {
-            match resolve(store, r)? {
-                Resolved::Layer(d, l) => layers.push((d, l)),
-                Resolved::Image(_, m) => {
-                    config = m.config.clone();
-                    for l in &m.layers {
-                        layers.push((l.digest, store.get_layer(&l.digest)?));
-                    }
-                }
-            }
-        }
-    }
-    let digest = make_image(store, layers, config, &tag, a.force)?;
-    if a.json {
-        println!(
-            "{}",
-            json!({"tag": tag.to_string(), "digest": digest.to_string()})
-        );
-    } else {
-        println!("{digest}");
-    }
     Ok(())
 }
 
@@ -307,6 +279,7 @@ fn layer_json(d: &Digest, l: &LayerDescriptor) -> serde_json::Value {
     json!({
         "digest": d.to_string(), "kind": l.kind, "meta": l.meta, "blobs": l.blobs,
         "chunk_size": l.chunk_size, "stats": l.stats, "parent": l.parent, "labels": l.labels,
+        "config": l.config, "built_on": l.built_on,
     })
 }
 
@@ -338,6 +311,9 @@ pub fn inspect(store: &Store, r: &str, json_out: bool) -> Result<()> {
             } else {
                 println!("image    {d}");
                 println!("stored   {}  (files {})", human(stored), human(logical));
+                for line in crate::config::describe(&m.config) {
+                    println!("config   {line}");
+                }
                 for (d, l) in &layers {
                     print_layer(d, l);
                 }
@@ -366,6 +342,24 @@ fn print_layer(d: &Digest, l: &LayerDescriptor) {
         human(s.new_bytes),
         human(s.stored_bytes)
     );
+    if let Some(on) = &l.built_on {
+        match &on.image {
+            Some(m) => println!("  built on image {m}"),
+            None => println!("  built on"),
+        }
+        for d in &on.layers {
+            println!("    {d}");
+        }
+    }
+    for line in l
+        .config
+        .as_deref()
+        .map(crate::config::describe_declared)
+        .into_iter()
+        .flatten()
+    {
+        println!("  declares {line}");
+    }
     for (i, b) in l.blobs.iter().enumerate() {
         println!(
             "  device {}: blob {}  {}  view {}  {} chunks",

@@ -16,9 +16,10 @@ use serde_json::json;
 use strata_builder::import::{import_layers, ImportedLayer};
 use strata_builder::oci::{self, Platform, Source};
 use strata_builder::BuildOptions;
-use strata_registry::model::{LayerKind, TagName};
+use strata_registry::model::{LayerConfig, LayerKind, TagName};
 use strata_registry::store::Store;
 
+use crate::config::ConfigArgs;
 use crate::exit::NotFound;
 use crate::images::{human, make_annotated_image};
 use crate::layers::with_build_progress;
@@ -43,6 +44,9 @@ pub struct ImportArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Changes to the imported image's config (or another image's with --config-from).
+    #[command(flatten)]
+    pub config: ConfigArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -57,6 +61,7 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
     };
     let start = Instant::now();
     let image = oci::open(&source, &platform)?;
+    let config = a.config.image_config(store, image.config.clone())?;
     // A single-platform image is taken as it is; it must be the platform asked for, if one was.
     let found = Platform::parse(&image.platform).ok();
     let matches = found
@@ -106,6 +111,7 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
         fopts
             .labels
             .insert("strata.flatten.layers".into(), digests.len().to_string());
+        fopts.config = LayerConfig::from_image(&config);
         let built = with_build_progress("flatten", &fopts.clone(), || {
             strata_builder::flatten::flatten(store, &[], &digests, fopts)
         })?;
@@ -120,7 +126,7 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
     let digest = make_annotated_image(
         store,
         parts,
-        image.config.clone(),
+        config,
         oci::annotations(&image),
         &tag,
         a.force,

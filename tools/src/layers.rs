@@ -9,9 +9,11 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use strata_builder::{build_dir, build_tar, BuildOptions};
 use strata_registry::blobread::BlobReader;
-use strata_registry::model::{ImageConfig, LayerKind, TagName};
+use strata_registry::model::{ImageConfig, LayerConfig, LayerKind, TagName};
 use strata_registry::store::Store;
 
+use crate::compose::built_on;
+use crate::config::ConfigArgs;
 use crate::exit::Usage;
 use crate::images::{human, make_image, resolve_layer, resolve_layers};
 
@@ -44,9 +46,13 @@ pub struct BuildArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Label KEY=VALUE (repeatable).
-    #[arg(long = "label")]
-    pub labels: Vec<String>,
+    /// What a workspace, toolkit or diff layer is built on (an image or a layer): recorded in the
+    /// layer, so that compose refuses to put it on another base (unless --rebase).
+    #[arg(long, value_name = "IMAGE|LAYER")]
+    pub on: Option<String>,
+    /// The config the layer declares (the image's, with -t).
+    #[command(flatten)]
+    pub config: ConfigArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -65,17 +71,6 @@ pub(crate) fn with_build_progress<T>(
     crate::progress::watch(what, c, f)
 }
 
-/// Adds `KEY=VALUE` labels given on the command line.
-pub(crate) fn add_labels(opts: &mut BuildOptions, given: &[String]) -> Result<()> {
-    for l in given {
-        let (k, v) = l
-            .split_once('=')
-            .ok_or_else(|| Usage(format!("label {l:?} is not KEY=VALUE")))?;
-        opts.labels.insert(k.to_string(), v.to_string());
-    }
-    Ok(())
-}
-
 /// `strata build`.
 pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
     let tag = a.tag.as_deref().map(TagName::parse).transpose()?;
@@ -85,7 +80,17 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
     if let Some(t) = a.threads {
         opts.threads = t.max(1);
     }
-    add_labels(&mut opts, &a.labels)?;
+    opts.config = a.config.layer_config(store, LayerConfig::default())?;
+    if let Some(on) = &a.on {
+        if a.kind == LayerKind::Base {
+            return Err(Usage(
+                "--on is for workspace, toolkit and diff layers: a base layer is the bottom of an image".into(),
+            )
+            .into());
+        }
+        opts.built_on = Some(built_on(store, on).with_context(|| format!("--on {on}"))?);
+    }
+    let config = opts.config.apply(&ImageConfig::default());
     for p in &a.parent {
         opts.parents
             .extend(resolve_layers(store, p).with_context(|| format!("parent {p}"))?);
@@ -110,7 +115,7 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
         Some(t) => Some(make_image(
             store,
             vec![(built.digest, built.descriptor.clone())],
-            ImageConfig::default(),
+            config,
             t,
             a.force,
         )?),

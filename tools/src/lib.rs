@@ -7,6 +7,8 @@
 
 mod catalog;
 pub mod cli;
+mod compose;
+mod config;
 pub mod daemon;
 mod exit;
 mod freeze;

@@ -6,11 +6,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use strata_fs::api::Client;
-use strata_registry::model::ImageConfig;
-use strata_registry::store::Store;
+use strata_fs::process::Process;
 
 use crate::exit::Usage;
-use crate::images::{human, resolve_image};
+use crate::images::human;
 
 /// Default control socket.
 pub const DEFAULT_SOCKET: &str = "/run/strata/stratad.sock";
@@ -235,82 +234,8 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
     Ok(())
 }
 
-/// Reads `rootfs/etc/NAME` as the image has it: a symlink there (which would lead out of the image) or a
-/// missing file reads as empty.
-fn image_etc(rootfs: &Path, name: &str) -> String {
-    let dir = rootfs.join("etc");
-    let file = dir.join(name);
-    let plain = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| !m.file_type().is_symlink());
-    if !plain(&dir) || !plain(&file) {
-        return String::new();
-    }
-    std::fs::read_to_string(file).unwrap_or_default()
-}
-
-/// The id of `name` in a passwd or group file (`name:x:id:...`), or the number `name` is.
-fn lookup_id(db: &str, name: &str) -> Option<(u32, Vec<String>)> {
-    db.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() >= 3 && (f[0] == name || f[2] == name))
-            .then(|| {
-                Some((
-                    f[2].parse().ok()?,
-                    f.iter().map(|s| s.to_string()).collect(),
-                ))
-            })
-            .flatten()
-    })
-}
-
-/// The uid and gid of an image's `user` (`""`, `uid`, `uid:gid`, `name`, `name:group`, ...) as a container
-/// runtime resolves them: names in the image's own `/etc/passwd` and `/etc/group`, the group by default the
-/// user's primary group (0 when the user has no entry). A name the image does not define is an error: it
-/// never silently becomes root.
-pub fn resolve_user(rootfs: &Path, user: Option<&str>) -> Result<(u32, u32)> {
-    let Some(user) = user.filter(|u| !u.is_empty()) else {
-        return Ok((0, 0));
-    };
-    let (name, group) = match user.split_once(':') {
-        Some((u, g)) => (u, Some(g)),
-        None => (user, None),
-    };
-    let passwd = image_etc(rootfs, "passwd");
-    let entry = lookup_id(&passwd, name);
-    let uid = match (name.parse::<u32>(), &entry) {
-        (Ok(n), _) => n,
-        (Err(_), Some((n, _))) => *n,
-        (Err(_), None) => anyhow::bail!("the image's user {name:?} is not in its /etc/passwd"),
-    };
-    let gid = match group {
-        Some(g) => match g.parse::<u32>() {
-            Ok(n) => n,
-            Err(_) => lookup_id(&image_etc(rootfs, "group"), g)
-                .map(|(n, _)| n)
-                .with_context(|| format!("the image's group {g:?} is not in its /etc/group"))?,
-        },
-        None => entry
-            .and_then(|(_, f)| f.get(3).and_then(|g| g.parse().ok()))
-            .unwrap_or(0),
-    };
-    Ok((uid, gid))
-}
-
-/// An OCI runtime config for `rootfs` from the image config.
-pub fn runtime_config(rootfs: &Path, cfg: &ImageConfig, hostname: &str) -> Result<Value> {
-    let mut args: Vec<String> = cfg
-        .entrypoint
-        .iter()
-        .chain(cfg.cmd.iter())
-        .cloned()
-        .collect();
-    if args.is_empty() {
-        args = vec!["/bin/sh".into()];
-    }
-    let mut env = cfg.env.clone();
-    if !env.iter().any(|e| e.starts_with("PATH=")) {
-        env.push("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
-    }
-    let (uid, gid) = resolve_user(rootfs, cfg.user.as_deref())?;
+/// An OCI runtime config for `rootfs` running `p` (the process stratad reports for the sandbox).
+pub fn runtime_config(rootfs: &Path, p: &Process, hostname: &str) -> Value {
     let caps = json!([
         "CAP_AUDIT_WRITE",
         "CAP_KILL",
@@ -325,14 +250,14 @@ pub fn runtime_config(rootfs: &Path, cfg: &ImageConfig, hostname: &str) -> Resul
         "CAP_SYS_CHROOT",
         "CAP_MKNOD"
     ]);
-    Ok(json!({
+    json!({
         "ociVersion": "1.0.2",
         "process": {
             "terminal": false,
-            "user": {"uid": uid, "gid": gid},
-            "args": args,
-            "env": env,
-            "cwd": cfg.working_dir.clone().unwrap_or_else(|| "/".into()),
+            "user": p.user,
+            "args": p.args,
+            "env": p.env,
+            "cwd": p.cwd,
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
             "noNewPrivileges": true
@@ -354,56 +279,28 @@ pub fn runtime_config(rootfs: &Path, cfg: &ImageConfig, hostname: &str) -> Resul
             "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
         },
         "annotations": {"org.strata.image": hostname}
-    }))
+    })
 }
 
-/// `strata bundle`: mounts a sandbox and writes `DIR/config.json` pointing at its rootfs.
-pub fn bundle(store: &Store, socket: &Path, image: &str, id: &str, dir: &Path) -> Result<()> {
-    let (_, manifest) = resolve_image(store, image)?;
+/// `strata bundle`: mounts a sandbox and writes `DIR/config.json` pointing at its rootfs, running the
+/// process stratad reports for it (the image's config, its user resolved in the image).
+pub fn bundle(socket: &Path, image: &str, id: &str, dir: &Path) -> Result<()> {
     let v = client(socket).call(
         "POST",
         "/v1/sandboxes",
         Some(&json!({"image": image, "id": id})),
     )?;
     let rootfs = PathBuf::from(v["rootfs"].as_str().unwrap_or_default());
+    let process: Process = match (&v["process"], v["process_error"].as_str()) {
+        (_, Some(e)) => anyhow::bail!("sandbox {id} of {image}: {e}"),
+        (p, None) => serde_json::from_value(p.clone())
+            .with_context(|| format!("stratad's answer for sandbox {id} has no process: {v}"))?,
+    };
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let cfg = runtime_config(&rootfs, &manifest.config, id)?;
+    let cfg = runtime_config(&rootfs, &process, id);
     let path = dir.join("config.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&cfg)?)
         .with_context(|| format!("writing {}", path.display()))?;
     println!("{}", dir.display());
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn users_resolve_in_the_image() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        assert_eq!(resolve_user(root, None).unwrap(), (0, 0));
-        assert_eq!(resolve_user(root, Some("1000")).unwrap(), (1000, 0));
-        assert_eq!(resolve_user(root, Some("1000:50")).unwrap(), (1000, 50));
-        assert!(resolve_user(root, Some("www-data")).is_err());
-        std::fs::create_dir(root.join("etc")).unwrap();
-        std::fs::write(
-            root.join("etc/passwd"),
-            "root:x:0:0:root:/root:/bin/sh\nwww-data:x:33:34::/var/www:/bin/false\n",
-        )
-        .unwrap();
-        std::fs::write(root.join("etc/group"), "root:x:0:\nstaff:x:50:\n").unwrap();
-        assert_eq!(resolve_user(root, Some("www-data")).unwrap(), (33, 34));
-        assert_eq!(resolve_user(root, Some("33")).unwrap(), (33, 34));
-        assert_eq!(
-            resolve_user(root, Some("www-data:staff")).unwrap(),
-            (33, 50)
-        );
-        assert!(resolve_user(root, Some("www-data:nogroup")).is_err());
-        // A symlinked passwd (it could point out of the image) is not read.
-        std::fs::remove_file(root.join("etc/passwd")).unwrap();
-        std::os::unix::fs::symlink("/etc/passwd", root.join("etc/passwd")).unwrap();
-        assert!(resolve_user(root, Some("root")).is_err());
-    }
 }

@@ -25,13 +25,17 @@ use strata_builder::source::upper::{walk_upper, UpperSummary};
 use strata_builder::BuildError;
 use strata_fs::api::Client;
 use strata_registry::digest::Digest;
-use strata_registry::model::{LayerKind, LayerStats, Manifest, ManifestLayer, TagName, SCHEMA};
+use strata_registry::model::{
+    BuiltOn, ImageConfig, LayerConfig, LayerKind, LayerStats, Manifest, ManifestLayer, TagName,
+    SCHEMA,
+};
 use strata_registry::store::{Store, TagState};
 
+use crate::config::ConfigArgs;
 use crate::exit::{NotFound, Usage};
 use crate::freeze::Frozen;
 use crate::images::{claim_tag, human, resolve_image};
-use crate::layers::{add_labels, with_build_progress};
+use crate::layers::with_build_progress;
 use crate::view::View;
 
 /// Arguments of `pack_diff` / `strata pack-diff`.
@@ -59,12 +63,12 @@ pub struct PackDiffArgs {
     /// Move the tag if it already names another image.
     #[arg(long)]
     pub force: bool,
-    /// Label KEY=VALUE on the new layer (repeatable).
-    #[arg(long = "label")]
-    pub labels: Vec<String>,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Changes to the image's config (the new layer declares them).
+    #[command(flatten)]
+    pub config: ConfigArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -190,7 +194,12 @@ pub fn pack_diff(store: &Store, socket: &Path, a: PackDiffArgs) -> Result<()> {
         opts.labels
             .insert("strata.pack_diff.sandbox".into(), id.clone());
     }
-    add_labels(&mut opts, &a.labels)?;
+    opts.config = a.config.layer_config(store, LayerConfig::default())?;
+    opts.built_on = Some(BuiltOn {
+        image: Some(t.manifest_digest),
+        layers: t.manifest.layers.iter().map(|l| l.digest).collect(),
+    });
+    let config = a.config.image_config(store, t.manifest.config.clone())?;
 
     // Each whiteout must hide an entry of the image: looked up in the sandbox's layer mounts (metadata
     // already on this node), else in the image's layers' metadata, read at the first whiteout.
@@ -239,7 +248,8 @@ pub fn pack_diff(store: &Store, socket: &Path, a: PackDiffArgs) -> Result<()> {
     drop(frozen);
     let built = built?;
     let top = (built.digest, LayerKind::Diff);
-    let digest = put_image(store, &t.manifest, t.manifest.layers.len(), top, &tag, prev)?;
+    let kept = (&t.manifest, t.manifest.layers.len());
+    let digest = put_image(store, kept, top, config, &tag, prev)?;
     let s = &built.descriptor.stats;
     let out = json!({
         "tag": tag.to_string(),
@@ -258,13 +268,13 @@ pub fn pack_diff(store: &Store, socket: &Path, a: PackDiffArgs) -> Result<()> {
     Ok(())
 }
 
-/// Stores an image made of `base`'s first `keep` layers and `top`, with `base`'s config, and moves the
-/// tag from `prev` to it (compare-and-swap).
+/// Stores an image made of `base`'s first `keep` layers and `top`, with `config`, and moves the tag
+/// from `prev` to it (compare-and-swap).
 fn put_image(
     store: &Store,
-    base: &Manifest,
-    keep: usize,
+    (base, keep): (&Manifest, usize),
     top: (Digest, LayerKind),
+    config: ImageConfig,
     tag: &TagName,
     prev: Option<TagState>,
 ) -> Result<Digest> {
@@ -276,7 +286,7 @@ fn put_image(
     let m = Manifest {
         schema: SCHEMA,
         layers,
-        config: base.config.clone(),
+        config,
         annotations: base.annotations.clone(),
     };
     let digest = store.put_manifest(&m)?;
@@ -317,6 +327,9 @@ pub struct FlattenArgs {
     /// Move the tag if it already names another image (flattening an image in place).
     #[arg(long)]
     pub force: bool,
+    /// Changes to the image's config.
+    #[command(flatten)]
+    pub config: ConfigArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -343,10 +356,35 @@ pub fn flatten(store: &Store, a: FlattenArgs) -> Result<()> {
     let mut opts = BuildOptions::new(kind);
     opts.labels
         .insert("strata.flatten.layers".into(), range.len().to_string());
+    // The new layer declares what the range did (from the bottom: the image's whole config), and
+    // records the layers it sits on.
+    let inherited = match a.from {
+        0 => LayerConfig::from_image(&m.config),
+        _ => {
+            let mut c = LayerConfig::default();
+            for d in &range {
+                c = c.then(&store.get_layer(d)?.declared());
+            }
+            opts.built_on = Some(BuiltOn {
+                image: None,
+                layers: below.clone(),
+            });
+            c
+        }
+    };
+    opts.config = a.config.layer_config(store, inherited)?;
+    let config = a.config.image_config(store, m.config.clone())?;
     let built = with_build_progress("flatten", &opts.clone(), || {
         strata_builder::flatten::flatten(store, &below, &range, opts)
     })?;
-    let digest = put_image(store, &m, a.from, (built.digest, kind), &tag, prev)?;
+    let digest = put_image(
+        store,
+        (&m, a.from),
+        (built.digest, kind),
+        config,
+        &tag,
+        prev,
+    )?;
     let s = &built.descriptor.stats;
     let out = json!({
         "tag": tag.to_string(),
