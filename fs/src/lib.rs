@@ -8,7 +8,8 @@
 //! of its image's layers ([`sandboxes`]). The node's state ([`state`]) is on disk, so a successor
 //! serving the same FUSE connection — or a daemon restarted after the node died — knows every sandbox.
 //! [`warming`] fetches an image's prefetch plan in the background when it is mounted. [`api`] is the
-//! control socket, [`metrics`] what it exports.
+//! control socket, [`metrics`] what it exports. [`vm`] serves the same layers to microVMs as drive
+//! files (metadata through [`metafile`]) with a scratch drive for their changes.
 
 pub mod api;
 pub mod blobfs;
@@ -17,6 +18,7 @@ pub mod daemon;
 pub mod fetch;
 pub mod fuse;
 pub mod metadir;
+pub mod metafile;
 pub mod metrics;
 pub mod mount;
 pub mod perms;
@@ -26,4 +28,5 @@ pub mod slowread;
 pub mod state;
 #[cfg(test)]
 mod testkit;
+pub mod vm;
 pub mod warming;

@@ -76,6 +76,10 @@ pub struct Sandbox {
     pub image_bytes: u64,
     #[serde(default)]
     pub state: SandboxState,
+    /// A microVM sandbox's drives (`None`: a container sandbox, with an overlay rootfs). For a VM,
+    /// `upper` is its scratch image and `work` the directory holding it; `rootfs` is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<crate::vm::VmDrives>,
 }
 
 /// The state directory's `node/` part.
@@ -281,6 +285,7 @@ mod tests {
             created: 1,
             image_bytes: 2,
             state: SandboxState::Running,
+            vm: None,
         }
     }
 

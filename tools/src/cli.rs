@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
-use crate::{images, import, layers, node, snapshot, trace, view};
+use crate::{images, import, layers, node, snapshot, trace, view, vm};
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
@@ -111,6 +111,9 @@ pub enum Cmd {
         sandbox: String,
         dir: PathBuf,
     },
+    /// A microVM sandbox through stratad: the image's layers as drives, a scratch drive, and a launch
+    /// description in DIR (vm.json, qemu.sh, ...). See docs/VM.md.
+    Vm(vm::VmArgs),
     /// Import an OCI image layout (oci:DIR[:REF]) or docker save archive (docker-archive:FILE[:REF]).
     Import(import::ImportArgs),
     /// Pack a sandbox's writable delta (an overlay upper directory) as a diff layer on its image.
@@ -207,6 +210,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::PackDiff(a) => snapshot::pack_diff(&store, socket, a),
         Cmd::Flatten(a) => snapshot::flatten(&store, a),
         Cmd::Trace(a) => trace::trace(&store, socket, a),
+        Cmd::Vm(a) => vm::vm(&store, socket, a),
         Cmd::Gc(a) => images::gc(&store, a),
         Cmd::Bundle {
             image,
