@@ -179,6 +179,86 @@ fn a_busybox_vm_boots_lazily_and_its_snapshot_starts_a_container_and_back() {
     assert!(!d.state.path().join("vms/v2").exists());
 }
 
+/// Runs `cmd` as uid and gid `id`; true if it succeeded.
+fn as_user(id: u32, cmd: &[&str]) -> bool {
+    Command::new("setpriv")
+        .arg(format!("--reuid={id}"))
+        .arg(format!("--regid={id}"))
+        .args(["--clear-groups", "--"])
+        .args(cmd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("setpriv (util-linux)")
+        .success()
+}
+
+#[test]
+fn a_vmm_of_the_group_only_reads_the_drives_and_they_outlive_the_server() {
+    if guest().is_none() {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    build_image(&store, "vmg:v1", &[("f.txt", b"group file\n".to_vec())]);
+    let nogroup = 65534;
+    let mut d = Daemon::start(&store, &["--no-prefetch", "--group", &nogroup.to_string()]);
+    // The test's state directory (a private temporary directory) must be traversable, as
+    // /var/lib/strata is.
+    let open = |p: &Path| {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o711))
+            .expect("chmod")
+    };
+    open(d.state.path());
+    let work = scratch("vm");
+    open(work.path());
+    let dir = vm(
+        &d,
+        "vmg:v1",
+        "g1",
+        &work.path().join("g1"),
+        &["cat", "/data/f.txt"],
+    );
+    open(&dir);
+    let desc = json(&std::fs::read_to_string(dir.join("vm.json")).expect("vm.json"));
+    let drives: Vec<String> = desc["drives"]
+        .as_array()
+        .expect("drives")
+        .iter()
+        .map(|d| d["path"].as_str().expect("path").to_string())
+        .collect();
+    for p in &drives {
+        assert!(
+            as_user(nogroup, &["head", "-c", "1", p]),
+            "the group reads {p}"
+        );
+        assert!(
+            !as_user(4242, &["head", "-c", "1", p]),
+            "another user cannot read {p}"
+        );
+    }
+    // The server dies; its successor serves the VM's drives (metadata and blobs) as before.
+    let old = d.server_pid();
+    // SAFETY: killing the server this test's daemon started.
+    unsafe { libc::kill(old as i32, libc::SIGKILL) };
+    d.wait_new_server(old);
+    assert_eq!(sandbox(&d, "g1")["state"], "running");
+    // A VMM running as the group's user boots from them.
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(dir.join("qemu.sh"))
+        .env("STRATA_VM_ACCEL", accel());
+    let (code, console) = Vm::spawn(c).finish(BOOT);
+    assert_eq!(code, 0, "{console}");
+    assert!(console.contains("group file"), "{console}");
+    // After the whole node died the VM's drives are gone with the FUSE connection: stopped.
+    d.kill_all();
+    d.start_again(&["--no-prefetch", "--group", &nogroup.to_string()]);
+    assert_eq!(sandbox(&d, "g1")["state"], "stopped");
+    d.ok(&["rm", "g1"]);
+}
+
 #[test]
 fn an_image_with_more_layers_than_drives_runs_flattened() {
     if guest().is_none() {
