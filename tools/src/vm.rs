@@ -84,8 +84,8 @@ pub struct VmArgs {
 
 /// `strata vm`.
 pub fn vm(store: &Store, socket: &Path, a: VmArgs) -> Result<()> {
-    let (digest, manifest) = resolve_image(store, &a.image)?;
-    let image_ref = fitting_image(store, &a.image, digest, &manifest)?;
+    let (_, manifest) = resolve_image(store, &a.image)?;
+    let image_ref = fitting_image(store, &a.image, &manifest)?;
     let mut body = json!({
         "kind": "vm",
         "image": image_ref,
@@ -119,12 +119,7 @@ pub fn vm(store: &Store, socket: &Path, a: VmArgs) -> Result<()> {
 
 /// The image to ask stratad for: `image` itself, or, when its layers need more drives than a microVM
 /// takes, a flattened copy (stored untagged; no file data is copied).
-fn fitting_image(
-    store: &Store,
-    image: &str,
-    digest: Option<Digest>,
-    m: &Manifest,
-) -> Result<String> {
+fn fitting_image(store: &Store, image: &str, m: &Manifest) -> Result<String> {
     let mut blobs = Vec::new();
     for l in &m.layers {
         let desc = store.get_layer(&l.digest)?;
@@ -134,10 +129,7 @@ fn fitting_image(
     blobs.dedup();
     let needed = m.layers.len() + blobs.len() + 1;
     if needed <= MAX_DRIVES || m.layers.len() == 1 {
-        return Ok(match digest {
-            Some(d) if !image.contains(':') || image.starts_with("blake3:") => d.to_string(),
-            _ => image.to_string(),
-        });
+        return Ok(image.to_string());
     }
     let layers: Vec<Digest> = m.layers.iter().map(|l| l.digest).collect();
     let mut opts = BuildOptions::new(LayerKind::Base);
