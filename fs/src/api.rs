@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use crate::daemon::{Daemon, DaemonError};
 use crate::sandboxes::Reuse;
+use crate::vm::VmRequest;
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 1 << 20;
@@ -194,6 +195,15 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
                     return json_reply(failure(400, ErrorKind::Invalid, &format!("bad JSON: {e}")))
                 }
             };
+            if body["kind"] == "vm" {
+                return json_reply(match serde_json::from_value::<VmRequest>(body) {
+                    Ok(r) => match d.create_vm(&r) {
+                        Ok(s) => (201, sandbox_json(d, &s)),
+                        Err(e) => error_json(&e),
+                    },
+                    Err(e) => failure(400, ErrorKind::Invalid, &format!("bad VM request: {e}")),
+                });
+            }
             let (Some(image), Some(id)) = (body["image"].as_str(), body["id"].as_str()) else {
                 let need = "need \"image\" and \"id\"";
                 return json_reply(failure(400, ErrorKind::Invalid, need));

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! <mount>/blobs/<hex>     one regular file per blob, size = the blob's view size
+//! <mount>/meta/<hex>      a layer's EROFS metadata, for microVMs (see [`crate::metafile`])
 //! ```
 //!
 //! Kernel EROFS mounts each layer file-backed with these files as its `device=`s, so the kernel parses all
@@ -34,11 +35,13 @@ use strata_registry::toc::BLOCK_SIZE;
 use crate::fetch::{BlobHandle, FetchError, Fetcher};
 use crate::fuse::proto::{self, Attr};
 use crate::fuse::session::{Filesystem, Reply};
+use crate::metafile::{meta_ino, MetaTable};
 use crate::metrics::Metrics;
 use crate::slowread::{SlowError, SlowReads};
 
 const ROOT: u64 = proto::ROOT_ID;
 const BLOBS_DIR: u64 = 2;
+const META_DIR: u64 = 3;
 
 /// The node id of the blob file with digest `d`: stable across servers (never 1 or 2).
 pub fn blob_ino(d: &Digest) -> u64 {
@@ -60,6 +63,8 @@ pub struct BlobTable {
     added: (Mutex<()>, Condvar),
     /// Records the chunks reads touch while a prefetch trace runs.
     pub trace: strata_prefetch::Recorder,
+    /// Layer metadata served to microVMs.
+    pub metas: MetaTable,
 }
 
 impl BlobTable {
@@ -233,6 +238,24 @@ impl BlobFs {
         })
     }
 
+    /// A read of a layer's metadata file (local disk: answered on the worker).
+    fn read_meta(&self, ino: u64, offset: u64, size: u32, reply: Reply) {
+        let Some(m) = self.view.table.metas.get(ino) else {
+            return reply.error(Errno::NOENT);
+        };
+        let mut buf = vec![0u8; size as usize];
+        match m.read_at(offset, &mut buf) {
+            Ok(n) => {
+                self.metrics.served(n);
+                reply.data(&[&buf[..n]]);
+            }
+            Err(e) => {
+                tracing::warn!(layer = %m.layer, error = %e, "reading layer metadata");
+                reply.error(Errno::IO);
+            }
+        }
+    }
+
     fn attr(&self, ino: u64, size: u64, dir: bool) -> Attr {
         Attr {
             ino,
@@ -255,8 +278,13 @@ impl Filesystem for BlobFs {
     fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, Errno> {
         match (parent, name) {
             (ROOT, b"blobs") => Ok(self.attr(BLOBS_DIR, 0, true)),
+            (ROOT, b"meta") => Ok(self.attr(META_DIR, 0, true)),
             (BLOBS_DIR, _) => match self.view.table.by_name(name) {
                 Some(b) => Ok(self.attr(blob_ino(&b.blob.digest), b.toc.view_size(), false)),
+                None => Err(Errno::NOENT),
+            },
+            (META_DIR, _) => match self.view.table.metas.by_name(name) {
+                Some(m) => Ok(self.attr(meta_ino(&m.layer), m.size(), false)),
                 None => Err(Errno::NOENT),
             },
             _ => Err(Errno::NOENT),
@@ -265,16 +293,19 @@ impl Filesystem for BlobFs {
 
     fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
         match ino {
-            ROOT | BLOBS_DIR => Ok(self.attr(ino, 0, true)),
+            ROOT | BLOBS_DIR | META_DIR => Ok(self.attr(ino, 0, true)),
             _ => match self.view.table.get(ino) {
                 Some(b) => Ok(self.attr(ino, b.toc.view_size(), false)),
-                None => Err(Errno::NOENT),
+                None => match self.view.table.metas.get(ino) {
+                    Some(m) => Ok(self.attr(ino, m.size(), false)),
+                    None => Err(Errno::NOENT),
+                },
             },
         }
     }
 
     fn open(&self, ino: u64, flags: u32) -> Result<u32, Errno> {
-        if self.view.table.get(ino).is_none() {
+        if self.view.table.get(ino).is_none() && self.view.table.metas.get(ino).is_none() {
             return Err(Errno::NOENT);
         }
         if flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32 {
@@ -286,7 +317,7 @@ impl Filesystem for BlobFs {
 
     fn read(&self, ino: u64, offset: u64, size: u32, reply: Reply) {
         let Some(blob) = self.view.table.get(ino) else {
-            return reply.error(Errno::NOENT);
+            return self.read_meta(ino, offset, size, reply);
         };
         let end = blob.toc.view_size();
         if offset >= end {
@@ -342,7 +373,24 @@ impl Filesystem for BlobFs {
 
     fn readdir(&self, ino: u64) -> Result<Vec<(u64, u32, Vec<u8>)>, Errno> {
         match ino {
-            ROOT => Ok(vec![(BLOBS_DIR, proto::DT_DIR, b"blobs".to_vec())]),
+            ROOT => Ok(vec![
+                (BLOBS_DIR, proto::DT_DIR, b"blobs".to_vec()),
+                (META_DIR, proto::DT_DIR, b"meta".to_vec()),
+            ]),
+            META_DIR => Ok(self
+                .view
+                .table
+                .metas
+                .all()
+                .iter()
+                .map(|m| {
+                    (
+                        meta_ino(&m.layer),
+                        proto::DT_REG,
+                        m.layer.hex().into_bytes(),
+                    )
+                })
+                .collect()),
             BLOBS_DIR => Ok(self
                 .view
                 .table

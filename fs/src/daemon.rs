@@ -30,7 +30,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use strata_prefetch::{PlanEntry, WarmOptions};
 use strata_registry::digest::Digest;
-use strata_registry::model::{BlobRef, Manifest, Reference};
+use strata_registry::model::{BlobRef, LayerDescriptor, Manifest, Reference};
 use strata_registry::store::{Store, StoreError};
 
 use crate::api::ErrorKind;
@@ -140,6 +140,8 @@ pub enum DaemonError {
     State(#[from] StateError),
     #[error("{0}")]
     Ino(#[from] InoCollision),
+    #[error("{0}")]
+    Vm(#[from] crate::vm::VmError),
     #[error("no sandbox {0}")]
     NoSandbox(String),
     #[error("sandbox {0} already exists")]
@@ -186,6 +188,9 @@ impl DaemonError {
             | DaemonError::OtherImage { .. }
             | DaemonError::Busy { .. } => 409,
             DaemonError::Invalid(_) => 400,
+            DaemonError::Vm(
+                crate::vm::VmError::TooManyDrives { .. } | crate::vm::VmError::ScratchTooSmall(_),
+            ) => 400,
             DaemonError::Store(StoreError::Model(_)) => 400,
             DaemonError::Store(StoreError::Backend { .. } | StoreError::Timeout { .. }) => 502,
             _ => 500,
@@ -202,6 +207,9 @@ impl DaemonError {
             | DaemonError::Busy { .. }
             | DaemonError::NotRunning(_) => ErrorKind::Sandbox,
             DaemonError::Invalid(_) => ErrorKind::Invalid,
+            DaemonError::Vm(
+                crate::vm::VmError::TooManyDrives { .. } | crate::vm::VmError::ScratchTooSmall(_),
+            ) => ErrorKind::Invalid,
             DaemonError::Store(e) if e.is_not_found() => ErrorKind::NotFound,
             DaemonError::Store(e) => match e {
                 StoreError::Model(_) | StoreError::BadUrl { .. } => ErrorKind::Invalid,
@@ -235,6 +243,8 @@ pub(crate) struct State {
     pub(crate) layers: HashMap<Digest, LayerMount>,
     /// Every recorded sandbox, running or stopped.
     pub(crate) sandboxes: BTreeMap<String, Sandbox>,
+    /// Layers microVMs use (served, not mounted): see [`crate::vm`].
+    pub(crate) vm_layers: HashMap<Digest, crate::vm::VmLayer>,
     /// Manifests are immutable: each is read from the store once.
     manifests: HashMap<Digest, Arc<Manifest>>,
 }
@@ -249,7 +259,7 @@ pub struct Daemon {
     pub(crate) state: Mutex<State>,
     pub(crate) node: NodeState,
     /// Serializes mounting new layers (not sandboxes of mounted layers).
-    layer_lock: Mutex<()>,
+    pub(crate) layer_lock: Mutex<()>,
     fuse: Mutex<Option<Session>>,
     chan: Arc<Channel>,
     pub(crate) warming: Warming,
@@ -431,13 +441,53 @@ impl Daemon {
             return Ok(found);
         }
         let started = std::time::Instant::now();
-        let desc = self.store.get_layer(d)?;
+        let (desc, meta_path) = self.fetch_layer(d)?;
         let bytes = desc.meta.size + desc.blobs.iter().map(|b| b.size).sum::<u64>();
-        let meta_path = self
-            .config
+        let fetched = started.elapsed();
+        let devices: Vec<PathBuf> = desc
+            .blobs
+            .iter()
+            .map(|b| self.blob_path(&b.digest))
+            .collect();
+        let target = self.config.runtime_dir.join("layers").join(d.hex());
+        std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
+        mount::mount_erofs_with(&meta_path, &devices, &target, true)?;
+        tracing::debug!(layer = %d, fetched_ms = fetched.as_millis() as u64,
+            mounted_ms = started.elapsed().as_millis() as u64, "layer mounted");
+        self.lock().layers.insert(
+            *d,
+            LayerMount {
+                refs: 1,
+                path: target.clone(),
+                blobs: desc.blobs.iter().map(|b| b.digest).collect(),
+                bytes,
+            },
+        );
+        Ok((target, bytes))
+    }
+
+    /// Where layer `d`'s metadata is kept on this node.
+    pub(crate) fn meta_path(&self, d: &Digest) -> PathBuf {
+        self.config
             .state_dir
             .join("layers")
-            .join(format!("{}.erofs", d.hex()));
+            .join(format!("{}.erofs", d.hex()))
+    }
+
+    /// The blob file of blob `d` on the blob server's mount.
+    pub(crate) fn blob_path(&self, d: &Digest) -> PathBuf {
+        self.config.runtime_dir.join("fuse/blobs").join(d.hex())
+    }
+
+    /// Makes a layer servable: its metadata fetched (verified) to local disk, its descriptor kept, its
+    /// blobs served by the blob server. Callers hold `layer_lock`. Returns the descriptor and the
+    /// metadata's path.
+    pub(crate) fn fetch_layer(
+        &self,
+        d: &Digest,
+    ) -> Result<(LayerDescriptor, PathBuf), DaemonError> {
+        let desc = self.store.get_layer(d)?;
+        let meta_path = self.meta_path(d);
         // The metadata and the blobs' tables of contents are fetched at once: over a slow link each is a
         // round trip or more, and the mount needs them all.
         let (meta, tocs) = std::thread::scope(|s| {
@@ -460,36 +510,12 @@ impl Daemon {
             (meta, tocs)
         });
         meta?;
-        let fetched = started.elapsed();
-        let mut devices = Vec::new();
         // Kept before the mount: a successor must be able to serve every mounted layer's blobs.
         self.node.save_layer(d, &desc)?;
         for h in tocs? {
             self.table.add(h)?;
         }
-        for b in &desc.blobs {
-            devices.push(
-                self.config
-                    .runtime_dir
-                    .join("fuse/blobs")
-                    .join(b.digest.hex()),
-            );
-        }
-        let target = self.config.runtime_dir.join("layers").join(d.hex());
-        std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
-        mount::mount_erofs_with(&meta_path, &devices, &target, true)?;
-        tracing::debug!(layer = %d, fetched_ms = fetched.as_millis() as u64,
-            mounted_ms = started.elapsed().as_millis() as u64, "layer mounted");
-        self.lock().layers.insert(
-            *d,
-            LayerMount {
-                refs: 1,
-                path: target.clone(),
-                blobs: desc.blobs.iter().map(|b| b.digest).collect(),
-                bytes,
-            },
-        );
-        Ok((target, bytes))
+        Ok((desc, meta_path))
     }
 
     /// A blob ready to serve: its table of contents as the node kept it (verified against its digest),
@@ -553,12 +579,25 @@ impl Daemon {
                 tracing::warn!(error = %e, "releasing layer");
             }
             let _ = std::fs::remove_dir(&p);
-            let mounted = self.lock().layers.keys().map(Digest::hex).collect();
-            let dir = self.config.state_dir.join("layers");
-            let (files, bytes) = metadir::trim(&dir, &mounted, self.config.metadata_cache_size);
-            if files > 0 {
-                tracing::info!(files, bytes, "layer metadata trimmed to its bound");
-            }
+            self.trim_metadata();
+        }
+    }
+
+    /// Trims the layer metadata kept on disk to its bound, keeping every layer in use (mounted, or
+    /// served to a microVM).
+    pub(crate) fn trim_metadata(&self) {
+        let used = {
+            let st = self.lock();
+            st.layers
+                .keys()
+                .chain(st.vm_layers.keys())
+                .map(Digest::hex)
+                .collect()
+        };
+        let dir = self.config.state_dir.join("layers");
+        let (files, bytes) = metadir::trim(&dir, &used, self.config.metadata_cache_size);
+        if files > 0 {
+            tracing::info!(files, bytes, "layer metadata trimmed to its bound");
         }
     }
 
@@ -577,8 +616,11 @@ impl Daemon {
         let st = self.lock();
         let mut blobs: Vec<Digest> = layers
             .iter()
-            .filter_map(|l| st.layers.get(l))
-            .flat_map(|l| l.blobs.iter().copied())
+            .flat_map(|l| {
+                let mounted = st.layers.get(l).map(|m| &m.blobs);
+                mounted.or_else(|| st.vm_layers.get(l).map(|v| &v.blobs))
+            })
+            .flat_map(|b| b.iter().copied())
             .collect();
         blobs.sort();
         blobs.dedup();
@@ -593,6 +635,11 @@ impl Daemon {
             .layers
             .iter()
             .map(|(d, l)| serde_json::json!({"digest": d.to_string(), "refs": l.refs, "path": l.path}))
+            .collect();
+        let vm_layers: Vec<_> = st
+            .vm_layers
+            .iter()
+            .map(|(d, l)| serde_json::json!({"digest": d.to_string(), "refs": l.refs}))
             .collect();
         let fuse = self.fuse.lock().unwrap_or_else(|p| p.into_inner());
         let fuse = fuse.as_ref().map(|s| {
@@ -618,6 +665,7 @@ impl Daemon {
             "store": self.config.store,
             "cache": {"used": cache.used(), "capacity": cache.capacity(), "chunks": cache.len()},
             "layers": layers,
+            "vm_layers": vm_layers,
             "sandboxes": st.sandboxes.len(),
             "prefetch": self.warming.status(),
             "trace": self.table.trace.is_on(),

@@ -9,7 +9,8 @@
 //! serving the same FUSE connection — or a daemon restarted after the node died — knows every sandbox.
 //! [`warming`] fetches an image's prefetch plan in the background when it is mounted. [`api`] is the
 //! control socket, [`metrics`] what it exports; [`process`] is what an image's config starts in a
-//! sandbox, as the API reports it.
+//! sandbox, as the API reports it. [`vm`] serves the same layers to microVMs as drive files (metadata
+//! through [`metafile`]) with a scratch drive for their changes.
 
 pub mod api;
 pub mod blobfs;
@@ -18,6 +19,7 @@ pub mod daemon;
 pub mod fetch;
 pub mod fuse;
 pub mod metadir;
+pub mod metafile;
 pub mod metrics;
 pub mod mount;
 pub mod perms;
@@ -28,4 +30,5 @@ pub mod slowread;
 pub mod state;
 #[cfg(test)]
 mod testkit;
+pub mod vm;
 pub mod warming;

@@ -12,6 +12,7 @@
 //! | `runtime_dir` (the control socket, the blob server's mount) | 0700 | 0750, that gid |
 //! | `runtime_dir/sandboxes` (the rootfs paths a launcher is given) | 0700 | 0750, that gid |
 //! | `runtime_dir/layers` (the layer mounts, overlay lowers only) | 0700 | 0700 |
+//! | `state_dir/vms` (microVMs' scratch images, for a VMM that is not root) | 0700 | 0750, that gid |
 //!
 //! `runtime_dir/fuse` is not touched: it is the blob server's mount point, whose root's attributes the
 //! blob server gives (following `group`), and a `chmod` there would wait on a FUSE connection whose
@@ -39,6 +40,7 @@ pub fn secure(config: &Config) -> Result<(), DaemonError> {
         (state.join("cache"), 0o700, None),
         (state.join("layers"), 0o700, None),
         (state.join("sandboxes"), 0o700, None),
+        (state.join("vms"), shared, group),
         (run.join("sandboxes"), shared, group),
         (run.join("layers"), 0o700, None),
     ];
@@ -64,7 +66,7 @@ pub fn secure(config: &Config) -> Result<(), DaemonError> {
 }
 
 /// Creates `dir` if needed and gives it `mode` (and group `gid`).
-fn close_dir(dir: &Path, mode: u32, gid: Option<u32>) -> Result<(), DaemonError> {
+pub(crate) fn close_dir(dir: &Path, mode: u32, gid: Option<u32>) -> Result<(), DaemonError> {
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let m = std::fs::metadata(dir).map_err(|e| io(dir, e))?;
     if let Some(g) = gid.filter(|&g| g != m.gid()) {

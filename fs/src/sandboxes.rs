@@ -40,6 +40,47 @@ fn io(path: &Path, source: std::io::Error) -> DaemonError {
     }
 }
 
+/// What to do with what a stopped sandbox of the same id left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Leftovers {
+    /// Nothing is left: start empty.
+    None,
+    /// Continue with it.
+    Resume,
+    /// Delete it, then start empty.
+    Discard,
+}
+
+/// Decides, for a request of `image` (`manifest`) under `id` with `reuse`, what happens to a stopped
+/// sandbox's leftovers: its record `prior`, or files at the new sandbox's place (`files`). Refusals are
+/// errors: leftovers without `resume` or `fresh`, or a resume of another image.
+pub(crate) fn leftovers(
+    id: &str,
+    image: &str,
+    manifest: &Digest,
+    prior: Option<&Sandbox>,
+    files: bool,
+    reuse: Reuse,
+) -> Result<Leftovers, DaemonError> {
+    if prior.is_none() && !files {
+        return Ok(Leftovers::None);
+    }
+    match (reuse, prior) {
+        (Reuse::Refuse, _) => Err(DaemonError::Leftover {
+            id: id.to_string(),
+            image: prior.map(|p| p.image.clone()),
+        }),
+        (Reuse::Resume, Some(p)) if p.manifest != *manifest => Err(DaemonError::OtherImage {
+            id: id.to_string(),
+            was: p.image.clone(),
+            was_manifest: p.manifest,
+            image: image.to_string(),
+        }),
+        (Reuse::Resume, _) => Ok(Leftovers::Resume),
+        (Reuse::Fresh, _) => Ok(Leftovers::Discard),
+    }
+}
+
 /// Gives directory `dir` the owner, permissions and modification time of directory `from`.
 fn root_attrs(from: &Path, dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::MetadataExt;
@@ -93,33 +134,24 @@ impl Daemon {
             None => self.config.state_dir.join("sandboxes").join(id),
         };
         let (mut upper, mut work) = (base.join("upper"), base.join("work"));
-        if prior.is_some() || upper.exists() {
-            match (reuse, &prior) {
-                (Reuse::Refuse, _) => {
-                    return Err(DaemonError::Leftover {
-                        id: id.to_string(),
-                        image: prior.map(|p| p.image),
-                    })
-                }
-                (Reuse::Resume, Some(p)) if p.manifest != manifest => {
-                    return Err(DaemonError::OtherImage {
-                        id: id.to_string(),
-                        was: p.image.clone(),
-                        was_manifest: p.manifest,
-                        image: image.to_string(),
-                    })
-                }
-                (Reuse::Resume, Some(p)) if dir.is_none() => {
+        if prior.as_ref().is_some_and(|p| p.vm.is_some()) && reuse == Reuse::Resume {
+            return Err(DaemonError::Invalid(format!(
+                "sandbox {id} is a microVM: resume it with `strata vm --resume`"
+            )));
+        }
+        match leftovers(id, image, &manifest, prior.as_ref(), upper.exists(), reuse)? {
+            Leftovers::Resume => {
+                if let (Some(p), None) = (&prior, dir) {
                     (upper, work) = (p.upper.clone(), p.work.clone());
                 }
-                (Reuse::Resume, _) => {}
-                (Reuse::Fresh, p) => {
-                    if let Some(p) = p {
-                        delete_dirs(&p.upper, &p.work)?;
-                    }
-                    delete_dirs(&upper, &work)?;
-                }
             }
+            Leftovers::Discard => {
+                if let Some(p) = &prior {
+                    self.delete_sandbox_files(p)?;
+                }
+                delete_dirs(&upper, &work)?;
+            }
+            Leftovers::None => {}
         }
         // The plan's lookup overlaps the layers' fetch and mount.
         self.warming.sandbox_requested(&manifest);
@@ -159,6 +191,7 @@ impl Daemon {
             image_bytes,
             state: SandboxState::Running,
             config: m.config.clone(),
+            vm: None,
         };
         lowers.reverse(); // overlay wants the top layer first
         if let Err(e) = self.mount_sandbox(&sb, &lowers) {
@@ -194,6 +227,14 @@ impl Daemon {
         Ok(())
     }
 
+    /// Deletes what a stopped sandbox keeps: its upper and work directories, or a VM's scratch image.
+    pub(crate) fn delete_sandbox_files(&self, sb: &Sandbox) -> Result<(), DaemonError> {
+        match sb.vm.is_some() {
+            true => self.delete_files(sb),
+            false => delete_dirs(&sb.upper, &sb.work),
+        }
+    }
+
     fn release_all(&self, layers: &[Digest]) {
         for l in layers {
             self.release_layer(l);
@@ -212,14 +253,18 @@ impl Daemon {
         if sb.state == SandboxState::Stopped {
             return Err(DaemonError::NotRunning(id.to_string()));
         }
-        if let Err(e) = mount::unmount(&sb.rootfs, true) {
-            tracing::warn!(error = %e, sandbox = id, "unmounting rootfs");
+        if sb.vm.is_some() {
+            self.stop_vm(&sb);
+        } else {
+            if let Err(e) = mount::unmount(&sb.rootfs, true) {
+                tracing::warn!(error = %e, sandbox = id, "unmounting rootfs");
+            }
+            let _ = std::fs::remove_dir(&sb.rootfs);
+            if let Some(parent) = sb.rootfs.parent() {
+                let _ = std::fs::remove_dir(parent);
+            }
+            self.release_all(&sb.layers);
         }
-        let _ = std::fs::remove_dir(&sb.rootfs);
-        if let Some(parent) = sb.rootfs.parent() {
-            let _ = std::fs::remove_dir(parent);
-        }
-        self.release_all(&sb.layers);
         sb.state = SandboxState::Stopped;
         self.lock().sandboxes.insert(id.to_string(), sb.clone());
         self.node.save_sandbox(&sb)?;
@@ -233,8 +278,12 @@ impl Daemon {
         let sb = self
             .sandbox(id)
             .ok_or_else(|| DaemonError::NoSandbox(id.to_string()))?;
-        if sb.state == SandboxState::Running && !force {
-            let pids = state::sandbox_pids(&sb.rootfs).map_err(|e| io(&sb.rootfs, e))?;
+        if (sb.state == SandboxState::Running || sb.vm.is_some()) && !force {
+            let pids = match sb.vm.is_some() {
+                // A VMM holding the scratch image open.
+                true => crate::vm::holders(&sb.upper).unwrap_or_default(),
+                false => state::sandbox_pids(&sb.rootfs).map_err(|e| io(&sb.rootfs, e))?,
+            };
             if !pids.is_empty() {
                 return Err(DaemonError::Busy {
                     id: id.to_string(),
@@ -246,7 +295,7 @@ impl Daemon {
             SandboxState::Running => self.remove_sandbox(id)?,
             SandboxState::Stopped => sb,
         };
-        delete_dirs(&sb.upper, &sb.work)?;
+        self.delete_sandbox_files(&sb)?;
         self.node.remove_sandbox(id)?;
         self.lock().sandboxes.remove(id);
         tracing::info!(sandbox = id, "sandbox removed");
@@ -264,19 +313,33 @@ impl Daemon {
             tracing::error!(error = %e, "sandbox record unreadable: kept, not listed");
         }
         let mut refs: std::collections::BTreeMap<Digest, usize> = Default::default();
+        let mut vm_refs: std::collections::BTreeMap<Digest, usize> = Default::default();
         let mut st = self.lock();
         for mut sb in records {
-            sb.state = match mounted.contains(&sb.rootfs) {
-                true => SandboxState::Running,
-                false => SandboxState::Stopped,
+            let recorded = sb.state;
+            sb.state = match (&sb.vm, mounted.contains(&sb.rootfs)) {
+                (Some(_), _) => crate::vm::restored_state(self.adopted, recorded),
+                (None, true) => SandboxState::Running,
+                (None, false) => SandboxState::Stopped,
             };
+            if sb.vm.is_some() && sb.state != recorded {
+                // Not seen from the mounts: a successor must not take this VM for running.
+                if let Err(e) = self.node.save_sandbox(&sb) {
+                    tracing::error!(error = %e, sandbox = sb.id, "recording a VM as stopped");
+                }
+            }
             if sb.state == SandboxState::Running {
+                let counts = match sb.vm.is_some() {
+                    true => &mut vm_refs,
+                    false => &mut refs,
+                };
                 for l in &sb.layers {
-                    *refs.entry(*l).or_default() += 1;
+                    *counts.entry(*l).or_default() += 1;
                 }
             }
             st.sandboxes.insert(sb.id.clone(), sb);
         }
+        self.restore_vm_layers(&mut st, vm_refs);
         for (d, n) in refs {
             match self.serve_layer(&d) {
                 Ok((blobs, bytes)) => {
@@ -298,7 +361,7 @@ impl Daemon {
         let running: HashSet<&Path> = st
             .sandboxes
             .values()
-            .filter(|s| s.state == SandboxState::Running)
+            .filter(|s| s.state == SandboxState::Running && s.vm.is_none())
             .map(|s| s.rootfs.as_path())
             .collect();
         let layers: HashSet<&Path> = st.layers.values().map(|l| l.path.as_path()).collect();
@@ -322,7 +385,7 @@ impl Daemon {
     }
 
     /// Serves the blobs of an already mounted layer; returns them and the layer's stored bytes.
-    fn serve_layer(&self, d: &Digest) -> Result<(Vec<Digest>, u64), DaemonError> {
+    pub(crate) fn serve_layer(&self, d: &Digest) -> Result<(Vec<Digest>, u64), DaemonError> {
         let desc = match self.node.layer(d) {
             Some(desc) => desc,
             None => self.store.get_layer(d)?,

@@ -80,6 +80,10 @@ pub struct Sandbox {
     /// configs were kept read as empty).
     #[serde(default)]
     pub config: ImageConfig,
+    /// A microVM sandbox's drives (`None`: a container sandbox, with an overlay rootfs). For a VM,
+    /// `upper` is its scratch image and `work` the directory holding it; `rootfs` is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<crate::vm::VmDrives>,
 }
 
 /// The state directory's `node/` part.
@@ -286,6 +290,7 @@ mod tests {
             image_bytes: 2,
             state: SandboxState::Running,
             config: ImageConfig::default(),
+            vm: None,
         }
     }
 

@@ -5,6 +5,7 @@
 mod daemon;
 pub mod oci;
 pub mod proxy;
+pub mod vm;
 
 pub use daemon::Daemon;
 
@@ -78,6 +79,8 @@ pub enum Need {
     Umoci,
     /// erofs-utils: `mkfs.erofs`, `fsck.erofs`.
     ErofsUtils,
+    /// `qemu-system-x86_64` and `mkfs.ext4`, for microVMs.
+    Qemu,
 }
 
 /// True when `program --version` (or `--help`) runs.
@@ -102,6 +105,9 @@ impl Need {
             Need::Runc => "runc (apt-get install runc)",
             Need::Umoci => "umoci (scripts/setup installs it)",
             Need::ErofsUtils => "mkfs.erofs and fsck.erofs (apt-get install erofs-utils)",
+            Need::Qemu => {
+                "qemu-system-x86_64 and mkfs.ext4 (apt-get install qemu-system-x86 e2fsprogs)"
+            }
         }
     }
 
@@ -117,6 +123,13 @@ impl Need {
             Need::Runc => runs("runc"),
             Need::Umoci => runs("umoci"),
             Need::ErofsUtils => runs("mkfs.erofs") && runs("fsck.erofs"),
+            Need::Qemu => {
+                runs("qemu-system-x86_64")
+                    && Command::new("mkfs.ext4")
+                        .arg("-V")
+                        .output()
+                        .is_ok_and(|o| o.status.success())
+            }
         }
     }
 }

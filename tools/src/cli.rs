@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
-use crate::{catalog, compose, images, import, layers, node, progress, snapshot, trace, view};
+use crate::{catalog, compose, images, import, layers, node, progress, snapshot, trace, view, vm};
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
@@ -125,6 +125,9 @@ pub enum Cmd {
         sandbox: String,
         dir: PathBuf,
     },
+    /// A microVM sandbox through stratad: the image's layers as drives, a scratch drive, and a launch
+    /// description in DIR (vm.json, qemu.sh, ...). See docs/VM.md.
+    Vm(vm::VmArgs),
     /// Import an OCI image layout (oci:DIR[:REF]) or docker save archive (docker-archive:FILE[:REF]).
     Import(import::ImportArgs),
     /// Pack a sandbox's writable delta (an overlay upper directory) as a diff layer on its image.
@@ -239,6 +242,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::PackDiff(a) => snapshot::pack_diff(&store, socket, a),
         Cmd::Flatten(a) => snapshot::flatten(&store, a),
         Cmd::Trace(a) => trace::trace(&store, socket, a),
+        Cmd::Vm(a) => vm::vm(&store, socket, a),
         Cmd::Gc(a) => catalog::gc(&store, a),
         Cmd::Mount { .. }
         | Cmd::Bundle { .. }

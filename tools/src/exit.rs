@@ -9,7 +9,7 @@
 //! | 4 | conflict (a tag changed concurrently) |
 //! | 5 | corrupt or malformed data (digest mismatch, bad metadata, bad tar, a broken OCI source, a tag that cannot be followed) |
 //! | 6 | store unreachable or failing |
-//! | 7 | sandbox state: leftovers of a stopped sandbox, a resume of another image, processes in a rootfs |
+//! | 7 | sandbox state: leftovers of a stopped sandbox, a resume of another image, processes in a rootfs, a VM still running |
 //!
 //! Errors stratad reports through its control API carry a kind (`api::ErrorKind`), mapped here too: a
 //! daemon-side failure gets the code the same failure gets locally.
@@ -27,6 +27,11 @@ use strata_registry::store::StoreError;
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct NotFound(pub String);
+
+/// A sandbox whose state forbids the request (exit 7), found outside stratad: a VM still running.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SandboxState(pub String);
 
 /// A usage error found after argument parsing.
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +111,9 @@ pub fn code(e: &anyhow::Error) -> i32 {
         }
         if cause.downcast_ref::<NotFound>().is_some() {
             return 3;
+        }
+        if cause.downcast_ref::<SandboxState>().is_some() {
+            return 7;
         }
     }
     1

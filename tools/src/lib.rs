@@ -23,6 +23,7 @@ mod snapshot;
 mod systemd;
 mod trace;
 mod view;
+mod vm;
 
 use std::io::IsTerminal;
 

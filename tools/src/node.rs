@@ -180,7 +180,7 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<24} {:<32} {:<8} {:>6} {:>12} {:>12}  ROOTFS",
+        "{:<24} {:<32} {:<8} {:>6} {:>12} {:>12}  ROOTFS (A VM: ITS SCRATCH DRIVE)",
         "SANDBOX", "IMAGE", "STATE", "LAYERS", "FETCHED", "IMAGE SIZE"
     );
     for s in sandboxes.as_array().into_iter().flatten() {
@@ -192,7 +192,11 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
             s["layers"].as_array().map_or(0, |l| l.len()),
             human(s["fetched_bytes"].as_u64().unwrap_or(0)),
             human(s["image_bytes"].as_u64().unwrap_or(0)),
-            s["rootfs"].as_str().unwrap_or("")
+            match s["vm"]["scratch"].as_str() {
+                // A microVM has no rootfs on the host: its scratch drive.
+                Some(scratch) => format!("(vm) {scratch}"),
+                None => s["rootfs"].as_str().unwrap_or("").to_string(),
+            }
         );
     }
     let cache = &status["cache"];

@@ -42,8 +42,11 @@ use crate::view::View;
 #[derive(clap::Args)]
 pub struct PackDiffArgs {
     /// A sandbox of the running stratad (its upper directory and image).
-    #[arg(long, required_unless_present = "upper", conflicts_with_all = ["upper", "image"])]
+    #[arg(long, required_unless_present_any = ["upper", "vm"], conflicts_with_all = ["upper", "image", "vm"])]
     pub sandbox: Option<String>,
+    /// A stopped microVM sandbox of the running stratad (its scratch drive's upper directory and image).
+    #[arg(long, conflicts_with_all = ["upper", "image", "freeze"])]
+    pub vm: Option<String>,
     /// An overlay upper directory, for launchers that mount their own overlay (needs --image).
     #[arg(long, requires = "image")]
     pub upper: Option<PathBuf>,
@@ -82,10 +85,12 @@ struct Target {
     rootfs: Option<PathBuf>,
     /// The image's layer mounts on this node (a sandbox's), top first: whiteouts are checked there.
     lowers: Vec<PathBuf>,
+    /// A VM's scratch image, mounted while it is packed.
+    _scratch: Option<crate::vm::ScratchUpper>,
 }
 
 fn target(store: &Store, socket: &Path, a: &PackDiffArgs) -> Result<Target> {
-    if let Some(id) = &a.sandbox {
+    if let Some(id) = a.sandbox.as_ref().or(a.vm.as_ref()) {
         let c = Client {
             socket: socket.to_path_buf(),
         };
@@ -127,7 +132,20 @@ fn target(store: &Store, socket: &Path, a: &PackDiffArgs) -> Result<Target> {
             true => lowers,
             false => Vec::new(),
         };
+        if a.vm.is_some() || v["vm"].is_object() {
+            let scratch = crate::vm::ScratchUpper::mount(id, Path::new(&field("upper")?))?;
+            return Ok(Target {
+                lowers: Vec::new(),
+                upper: scratch.upper(),
+                image_ref: field("image")?,
+                manifest_digest,
+                manifest,
+                rootfs: None,
+                _scratch: Some(scratch),
+            });
+        }
         return Ok(Target {
+            _scratch: None,
             lowers,
             upper: field("upper")?.into(),
             image_ref: field("image")?,
@@ -153,6 +171,7 @@ fn target(store: &Store, socket: &Path, a: &PackDiffArgs) -> Result<Target> {
         None => store.put_manifest(&manifest)?,
     };
     Ok(Target {
+        _scratch: None,
         lowers: Vec::new(),
         upper: upper.clone(),
         image_ref: image.clone(),
@@ -190,7 +209,7 @@ pub fn pack_diff(store: &Store, socket: &Path, a: PackDiffArgs) -> Result<()> {
         "strata.pack_diff.image".into(),
         t.manifest_digest.to_string(),
     );
-    if let Some(id) = &a.sandbox {
+    if let Some(id) = a.sandbox.as_ref().or(a.vm.as_ref()) {
         opts.labels
             .insert("strata.pack_diff.sandbox".into(), id.clone());
     }
