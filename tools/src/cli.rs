@@ -111,7 +111,8 @@ pub enum Cmd {
         sandbox: String,
         dir: PathBuf,
     },
-    /// Import an OCI image layout (oci:DIR[:REF]) or docker save archive (docker-archive:FILE[:REF]).
+    /// Import an OCI image layout (oci:DIR[:REF]), docker save archive (docker-archive:FILE[:REF]) or an
+    /// image from a registry (docker://HOST[:PORT]/REPO[:TAG|@DIGEST]).
     Import(import::ImportArgs),
     /// Pack a sandbox's writable delta (an overlay upper directory) as a diff layer on its image.
     PackDiff(snapshot::PackDiffArgs),

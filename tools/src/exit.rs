@@ -49,7 +49,11 @@ fn oci_code(e: &OciError) -> i32 {
         | OciError::DigestMismatch { .. }
         | OciError::SizeMismatch { .. }
         | OciError::Malformed(_) => 5,
-        OciError::Unsupported(_) | OciError::Io { .. } => 1,
+        OciError::Http { status: 404, .. } => 3,
+        OciError::Unsupported(_)
+        | OciError::Io { .. }
+        | OciError::Http { .. }
+        | OciError::Transport { .. } => 1,
     }
 }
 

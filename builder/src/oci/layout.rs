@@ -117,7 +117,7 @@ pub(super) fn open(
 }
 
 /// The descriptor for `platform` among `many`.
-fn pick_platform<'a>(
+pub(super) fn pick_platform<'a>(
     many: &[&'a Descriptor],
     platform: &Platform,
     what: &str,

@@ -19,6 +19,7 @@
 //! In an archive, `REF` matches one of an entry's `RepoTags`.
 
 mod archive;
+pub mod distribution;
 mod layout;
 pub mod spec;
 pub mod verify;
@@ -72,6 +73,23 @@ pub enum OciError {
     /// Well-formed, but not something strata imports (a media type, a digest algorithm).
     #[error("{0}")]
     Unsupported(String),
+    /// A registry answered a request with an HTTP error status.
+    #[error("registry {registry}: {what}: HTTP {status}{detail}")]
+    Http {
+        registry: String,
+        what: String,
+        status: u16,
+        /// The registry's own error codes and messages, or how to fix it.
+        detail: String,
+    },
+    /// A registry could not be reached, or a transfer broke off.
+    #[error("registry {registry}: {what}: {source}")]
+    Transport {
+        registry: String,
+        what: String,
+        #[source]
+        source: reqwest::Error,
+    },
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -102,15 +120,20 @@ pub enum Source {
         file: PathBuf,
         reference: Option<String>,
     },
+    /// An image in a registry (`docker://HOST[:PORT]/REPO[:TAG|@DIGEST]`).
+    Registry(distribution::RegistryRef),
 }
 
 impl Source {
     /// Parses `oci:DIR[:REF]` or `docker-archive:FILE[:REF]`. As in skopeo, the path ends at its first
     /// `:` (so it cannot hold one) and the rest is the reference: `docker-archive:img.tar:repo:tag`.
     pub fn parse(s: &str) -> Result<Source, OciError> {
+        if let Some(r) = s.strip_prefix("docker://") {
+            return Ok(Source::Registry(distribution::RegistryRef::parse(r)?));
+        }
         let (transport, rest) = s.split_once(':').ok_or_else(|| {
             OciError::Usage(format!(
-                "source {s:?}: expected oci:DIR[:REF] or docker-archive:FILE[:REF]"
+                "source {s:?}: expected oci:DIR[:REF], docker-archive:FILE[:REF] or docker://HOST/REPO[:TAG]"
             ))
         })?;
         let (path, reference) = match rest.split_once(':') {
@@ -218,6 +241,8 @@ enum BlobLoc {
         offset: u64,
         size: u64,
     },
+    /// A blob in a registry, downloaded as it is read.
+    Remote(distribution::RemoteBlob),
 }
 
 impl BlobLoc {
@@ -225,6 +250,7 @@ impl BlobLoc {
         match self {
             BlobLoc::File(p) => p.display().to_string(),
             BlobLoc::Member { archive, name, .. } => format!("{}:{name}", archive.display()),
+            BlobLoc::Remote(r) => r.shown(),
         }
     }
 
@@ -265,6 +291,7 @@ impl BlobLoc {
                     .map_err(|e| OciError::io(archive.display(), e))?;
                 (Box::new(f.take(*size)), *size)
             }
+            BlobLoc::Remote(r) => return r.open(what, expected),
         };
         match expected {
             Some(n) if n != size => Err(OciError::SizeMismatch {
@@ -355,6 +382,11 @@ impl OciLayer {
     pub fn location(&self) -> String {
         self.loc.shown()
     }
+
+    /// True for a blob in a registry (reading it downloads it).
+    pub fn is_remote(&self) -> bool {
+        matches!(self.loc, BlobLoc::Remote(_))
+    }
 }
 
 /// An image found in a source: its layers and configuration.
@@ -371,11 +403,13 @@ pub struct OciImage {
     pub blob_bytes: u64,
 }
 
-/// Opens the image `source` names, for `platform`.
+/// Opens the image `source` names, for `platform` (a registry with default [`distribution::PullOptions`];
+/// [`distribution::open`] takes others).
 pub fn open(source: &Source, platform: &Platform) -> Result<OciImage, OciError> {
     match source {
         Source::Layout { dir, reference } => layout::open(dir, reference.as_deref(), platform),
         Source::DockerArchive { file, reference } => archive::open(file, reference.as_deref()),
+        Source::Registry(r) => distribution::open(r, platform, &Default::default()),
     }
 }
 
@@ -498,7 +532,14 @@ mod tests {
                 reference: Some("repo:tag".into())
             }
         );
-        for bad in ["/a/b", "oci:", "oci::x", "docker:/x", "oci:/a:"] {
+        for bad in [
+            "/a/b",
+            "oci:",
+            "oci::x",
+            "docker:/x",
+            "oci:/a:",
+            "docker://x",
+        ] {
             assert!(Source::parse(bad).is_err(), "{bad}");
         }
     }
