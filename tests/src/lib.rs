@@ -5,6 +5,7 @@
 mod daemon;
 pub mod oci;
 pub mod proxy;
+pub mod registry;
 
 pub use daemon::Daemon;
 
@@ -78,6 +79,8 @@ pub enum Need {
     Umoci,
     /// erofs-utils: `mkfs.erofs`, `fsck.erofs`.
     ErofsUtils,
+    /// A registry on loopback: `docker-registry`, `skopeo` and `htpasswd`.
+    Registry,
 }
 
 /// True when `program --version` (or `--help`) runs.
@@ -102,6 +105,7 @@ impl Need {
             Need::Runc => "runc (apt-get install runc)",
             Need::Umoci => "umoci (scripts/setup installs it)",
             Need::ErofsUtils => "mkfs.erofs and fsck.erofs (apt-get install erofs-utils)",
+            Need::Registry => "docker-registry, skopeo and htpasswd (scripts/setup installs them)",
         }
     }
 
@@ -117,6 +121,9 @@ impl Need {
             Need::Runc => runs("runc"),
             Need::Umoci => runs("umoci"),
             Need::ErofsUtils => runs("mkfs.erofs") && runs("fsck.erofs"),
+            Need::Registry => {
+                runs("docker-registry") && runs("skopeo") && Path::new("/usr/bin/htpasswd").exists()
+            }
         }
     }
 }
