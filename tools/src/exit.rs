@@ -6,7 +6,7 @@
 //! | 1 | any other failure |
 //! | 2 | bad usage (unknown flag, invalid reference or option) |
 //! | 3 | not found (image, tag, layer, path in an image, source) |
-//! | 4 | conflict (a tag changed concurrently) |
+//! | 4 | conflict (a tag changed concurrently, or names another image and --force was not given) |
 //! | 5 | corrupt or malformed data (digest mismatch, bad metadata, bad tar, a broken OCI source) |
 //! | 6 | store unreachable or failing |
 //! | 7 | sandbox state: leftovers of a stopped sandbox, a resume of another image, processes in a rootfs |
@@ -99,6 +99,9 @@ pub fn code(e: &anyhow::Error) -> i32 {
         }
         if cause.downcast_ref::<NotFound>().is_some() {
             return 3;
+        }
+        if cause.downcast_ref::<crate::copy::TagExists>().is_some() {
+            return 4;
         }
     }
     1
