@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
-use crate::{copy, images, import, layers, node, snapshot, trace, view};
+use crate::{copy, export, images, import, layers, node, snapshot, trace, view};
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
@@ -114,6 +114,8 @@ pub enum Cmd {
     /// Import an OCI image layout (oci:DIR[:REF]), docker save archive (docker-archive:FILE[:REF]) or an
     /// image from a registry (docker://HOST[:PORT]/REPO[:TAG|@DIGEST]).
     Import(import::ImportArgs),
+    /// Write an image as an OCI image layout (oci:DIR[:REF]) that umoci and skopeo read.
+    Export(export::ExportArgs),
     /// Copy an image into another store (file:// or s3://), sending only the objects it lacks.
     Copy(copy::CopyArgs),
     /// Pack a sandbox's writable delta (an overlay upper directory) as a diff layer on its image.
@@ -207,6 +209,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Cat { reference, path } => view::cat(&store, &reference, &path),
         Cmd::Import(a) => import::import(&store, a),
         Cmd::Copy(a) => copy::copy(&store, a),
+        Cmd::Export(a) => export::export(&store, a),
         Cmd::Materialize { layer, dir } => layers::materialize(&store, &layer, &dir),
         Cmd::PackDiff(a) => snapshot::pack_diff(&store, socket, a),
         Cmd::Flatten(a) => snapshot::flatten(&store, a),

@@ -14,6 +14,7 @@
 //! Errors stratad reports through its control API carry a kind (`api::ErrorKind`), mapped here too: a
 //! daemon-side failure gets the code the same failure gets locally.
 
+use strata_builder::oci::export::ExportError;
 use strata_builder::oci::OciError;
 use strata_builder::BuildError;
 use strata_fs::api::{ClientError, ErrorKind};
@@ -90,6 +91,13 @@ pub fn code(e: &anyhow::Error) -> i32 {
         }
         if let Some(o) = cause.downcast_ref::<OciError>() {
             return oci_code(o);
+        }
+        if let Some(x) = cause.downcast_ref::<ExportError>() {
+            return match x {
+                ExportError::Store(s) => store_code(s),
+                ExportError::Erofs(_) => 5,
+                ExportError::Io { .. } | ExportError::Unsupported(_) => 1,
+            };
         }
         if let Some(c) = cause.downcast_ref::<ClientError>() {
             return daemon_code(c);

@@ -9,6 +9,7 @@ pub mod cli;
 mod copy;
 pub mod daemon;
 mod exit;
+mod export;
 mod freeze;
 mod holder;
 mod images;

@@ -17,9 +17,13 @@
 //! entries of one multi-platform image). An index (OCI image index or Docker manifest list, nested to any
 //! depth up to 8) is resolved by [`Platform`]: `os/arch[/variant]`, by default `linux/<host arch>`.
 //! In an archive, `REF` matches one of an entry's `RepoTags`.
+//!
+//! The other ways: [`distribution`] pulls an image from a registry; [`export`] writes a strata image as
+//! an OCI layout.
 
 mod archive;
 pub mod distribution;
+pub mod export;
 mod layout;
 pub mod spec;
 pub mod verify;
