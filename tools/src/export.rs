@@ -94,6 +94,7 @@ pub fn export(store: &Store, a: ExportArgs) -> Result<()> {
                     "entries": l.stats.entries,
                     "whiteouts": l.stats.whiteouts,
                     "file_bytes": l.stats.file_bytes,
+                    "skipped_sockets": l.stats.skipped_sockets,
                 })).collect::<Vec<_>>(),
                 "bytes": written,
                 "seconds": start.elapsed().as_secs_f64(),

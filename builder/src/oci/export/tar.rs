@@ -11,7 +11,8 @@
 //! **Whiteouts**, overlay's way, become the OCI way: a whiteout (a 0:0 character device) `D/NAME` is the
 //! empty file `D/.wh.NAME`; an opaque directory (`trusted.overlay.opaque=y`) is the directory, without
 //! that attribute, followed by the empty file `D/.wh..wh..opq`. Other `trusted.overlay.*` attributes are
-//! overlay's own and are dropped. The root directory itself is not an entry (a layer tar names paths
+//! overlay's own and are dropped. Sockets have no tar form and are left out (with a warning), as GNU
+//! tar does. The root directory itself is not an entry (a layer tar names paths
 //! below it).
 
 use std::cell::RefCell;
@@ -45,6 +46,8 @@ pub struct TarStats {
     pub entries: u64,
     pub whiteouts: u64,
     pub file_bytes: u64,
+    /// Sockets left out (tar has no form of them).
+    pub skipped_sockets: u64,
 }
 
 /// What file readers share: the layer and its open blobs.
@@ -222,6 +225,12 @@ impl<'s, W: Write> Walker<'s, W> {
                     .and_then(|_| h.set_device_minor(dev(dev_minor(inode.rdev))))
                     .map_err(|e| ExportError::io(format!("device {}", path.display()), e))?;
                 self.append(&mut h, path, io::empty())
+            }
+            0o140000 => {
+                // As GNU tar does: a socket is something a running program made; tar has no form of it.
+                tracing::warn!(path = %path.display(), "a socket has no tar form: left out");
+                self.stats.skipped_sockets += 1;
+                Ok(())
             }
             other => Err(ExportError::Unsupported(format!(
                 "{}: file type {other:o} has no tar form",
