@@ -272,25 +272,13 @@ pub fn compare_mounted(
 ) {
     let d = Daemon::start(store, &["--cache-size", "1G"]);
     let rootfs = d.ok(&["mount", image, "--sandbox", "cmp"]);
-    let mut want = snapshot(expected);
-    let mut got = snapshot(Path::new(&rootfs));
     // Overlay shows the root directory's times from the sandbox's upper directory (made at mount), and
     // a hard link to a lower layer's file as a copy (see `CROSS_LAYER_LINKS`).
-    for snap in [&mut want, &mut got] {
-        if let Some(root) = snap.get_mut(&b""[..]) {
-            root.mtime = (0, 0);
-        }
-        for p in CROSS_LAYER_LINKS {
-            if let Some(e) = snap.get_mut(p.as_bytes()) {
-                e.link_group = None;
-            }
-        }
-    }
-    let diffs = diff(&want, &got);
-    assert!(
-        diffs.is_empty(),
-        "{image} differs from umoci's rootfs:\n{}",
-        diffs.join("\n")
+    assert_same_tree(
+        snapshot(expected),
+        snapshot(Path::new(&rootfs)),
+        &CROSS_LAYER_LINKS,
+        &format!("{image} differs from umoci's rootfs"),
     );
     if let Some(umoci_config) = bundle_config {
         let dir = scratch("bundle");
@@ -324,5 +312,34 @@ pub fn compare_mounted(
             e
         };
         assert_eq!(env(&ours), env(&theirs), "process.env");
+    }
+}
+
+/// A tree snapshot ([`snapshot`]).
+pub type Snapshot = std::collections::BTreeMap<Vec<u8>, crate::EntryInfo>;
+
+/// Asserts two snapshots are equal, after making the root directory's time and the hard-link groups
+/// of `relinked` (links across layers, which layers hold as copies) comparable.
+pub fn assert_same_tree(mut want: Snapshot, mut got: Snapshot, relinked: &[&str], what: &str) {
+    for snap in [&mut want, &mut got] {
+        if let Some(root) = snap.get_mut(&b""[..]) {
+            root.mtime = (0, 0);
+        }
+        for p in relinked {
+            if let Some(e) = snap.get_mut(p.as_bytes()) {
+                e.link_group = None;
+            }
+        }
+    }
+    let diffs = diff(&want, &got);
+    assert!(diffs.is_empty(), "{what}:\n{}", diffs.join("\n"));
+}
+
+/// This machine's platform as OCI names it (the default of `--platform`).
+pub fn host_platform() -> &'static str {
+    if cfg!(target_arch = "aarch64") {
+        "linux/arm64"
+    } else {
+        "linux/amd64"
     }
 }

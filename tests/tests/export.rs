@@ -19,25 +19,6 @@ fn export(store: &StoreEnv, image: &str, dest: &str) -> serde_json::Value {
     json(&store.ok(&["export", image, dest, "--json"]))
 }
 
-/// Asserts two snapshots are equal, after making the root directory's time and the hard-link groups
-/// in `relinked` (links across layers, which layers hold as copies) comparable.
-fn assert_same(mut want: Snapshot, mut got: Snapshot, relinked: &[&str], what: &str) {
-    for snap in [&mut want, &mut got] {
-        if let Some(root) = snap.get_mut(&b""[..]) {
-            root.mtime = (0, 0);
-        }
-        for p in relinked {
-            if let Some(e) = snap.get_mut(p.as_bytes()) {
-                e.link_group = None;
-            }
-        }
-    }
-    let diffs = diff(&want, &got);
-    assert!(diffs.is_empty(), "{what}:\n{}", diffs.join("\n"));
-}
-
-type Snapshot = std::collections::BTreeMap<Vec<u8>, EntryInfo>;
-
 #[test]
 fn a_built_layer_exports_as_its_tree() {
     if !have_umoci() {
@@ -68,7 +49,7 @@ fn a_built_layer_exports_as_its_tree() {
         // A socket has no tar form: left out, as GNU tar does.
         let mut want = snapshot(&tree);
         assert!(want.remove(&b"var/sock"[..]).is_some());
-        assert_same(
+        assert_same_tree(
             want,
             snapshot(&unpacked.join("rootfs")),
             &[],
@@ -83,7 +64,7 @@ fn a_built_layer_exports_as_its_tree() {
     let unpacked = umoci_unpack(work.path(), &layout, "again");
     let mut want = snapshot(&tree);
     want.remove(&b"var/sock"[..]);
-    assert_same(
+    assert_same_tree(
         want,
         snapshot(&unpacked.join("rootfs")),
         &[],
@@ -113,7 +94,7 @@ fn an_imported_image_exports_as_it_was() {
     assert!(layers[2]["whiteouts"].as_u64().expect("n") >= 1, "{out}");
     let original = umoci_unpack(work.path(), &layout, "t");
     let exported = umoci_unpack(work.path(), &out_layout, "back");
-    assert_same(
+    assert_same_tree(
         snapshot(&original.join("rootfs")),
         snapshot(&exported.join("rootfs")),
         &CROSS_LAYER_LINKS,

@@ -381,11 +381,7 @@ fn platform_is_chosen_from_a_nested_index() {
             ["org.strata.oci.platform"]
             .clone()
     };
-    let host = if cfg!(target_arch = "aarch64") {
-        "linux/arm64"
-    } else {
-        "linux/amd64"
-    };
+    let host = host_platform();
     import_json(&store, &[&src, "-t", "p:default"]);
     assert_eq!(platform_of("p:default"), host);
     import_json(&store, &[&src, "-t", "p:arm", "--platform", "linux/arm64"]);

@@ -101,11 +101,7 @@ fn platform_is_chosen_from_a_registry_index() {
             ["org.strata.oci.platform"]
             .clone()
     };
-    let host = if cfg!(target_arch = "aarch64") {
-        "linux/arm64"
-    } else {
-        "linux/amd64"
-    };
+    let host = host_platform();
     let default = import(&store, &src, "m:default", &[]);
     assert_eq!(platform_of("m:default"), host);
     let arm = import(&store, &src, "m:arm", &["--platform", "linux/arm64"]);

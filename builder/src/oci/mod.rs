@@ -466,6 +466,35 @@ fn assemble(
     Ok((cfg, out))
 }
 
+/// The image a manifest and its verified config describe; `loc` says where each layer blob is (and may
+/// check it is there), given the layer's name for messages, its digest and its descriptor.
+fn image_of(
+    manifest_digest: Sha256Digest,
+    manifest: &spec::ImageManifest,
+    config_digest: Sha256Digest,
+    config_bytes: &[u8],
+    mut loc: impl FnMut(&str, &Sha256Digest, &spec::Descriptor) -> Result<BlobLoc, OciError>,
+) -> Result<OciImage, OciError> {
+    let mut blob_bytes = manifest.config.size;
+    let mut layers = Vec::new();
+    for (i, l) in manifest.layers.iter().enumerate() {
+        let what = format!("layer {}", i + 1);
+        let d = parse_digest(&what, &l.digest)?;
+        blob_bytes += l.size;
+        let at = loc(&what, &d, l)?;
+        layers.push((Some(l.media_type.clone()), Some(d), Some(l.size), at));
+    }
+    let (cfg, layers) = assemble(config_bytes, layers)?;
+    Ok(OciImage {
+        manifest_digest: Some(manifest_digest),
+        config_digest,
+        platform: config_platform(&cfg),
+        config: strata_config(&cfg),
+        layers,
+        blob_bytes,
+    })
+}
+
 /// strata's image config from an OCI config.
 pub fn strata_config(cfg: &ImageConfigFile) -> ImageConfig {
     let rc = cfg.config.as_ref();

@@ -194,4 +194,28 @@ mod tests {
         );
         assert!(Credentials::parse("nocolon").is_none());
     }
+
+    proptest::proptest! {
+        /// A challenge is untrusted network input: any header parses or is refused, never panics.
+        #[test]
+        fn any_header_is_handled(h in ".{0,200}") {
+            let _ = Challenge::parse(&h);
+        }
+
+        /// Quoted parameters come back as they were sent, commas and all.
+        #[test]
+        fn bearer_parameters_round_trip(
+            realm in "https?://[a-z0-9.:/]{1,40}",
+            service in "[a-zA-Z0-9 .:,_-]{0,40}",
+            scope in "[a-z0-9/:,_-]{0,60}",
+        ) {
+            let h = format!(r#"Bearer realm="{realm}", service="{service}",scope="{scope}""#);
+            let Some(Challenge::Bearer { realm: r, params }) = Challenge::parse(&h) else {
+                panic!("{h} did not parse");
+            };
+            proptest::prop_assert_eq!(r, realm);
+            proptest::prop_assert_eq!(&params["service"], &service);
+            proptest::prop_assert_eq!(&params["scope"], &scope);
+        }
+    }
 }

@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use super::spec::{self, Descriptor, ImageManifest, Index};
 use super::{
-    assemble, config_platform, parse_digest, parse_json, strata_config, BlobLoc, OciError,
-    OciImage, Platform, Sha256Digest, JSON_LIMIT,
+    image_of, parse_digest, parse_json, BlobLoc, OciError, OciImage, Platform, Sha256Digest,
+    JSON_LIMIT,
 };
 use auth::Credentials;
 use client::Client;
@@ -213,26 +213,18 @@ pub fn open(
         Some(manifest.config.size),
         &config_bytes,
     )?;
-    let mut blob_bytes = manifest.config.size;
-    let mut layers = Vec::new();
-    for (i, l) in manifest.layers.iter().enumerate() {
-        let d = parse_digest(&format!("layer {}", i + 1), &l.digest)?;
-        blob_bytes += l.size;
-        let loc = BlobLoc::Remote(RemoteBlob {
-            client: client.clone(),
-            digest: d,
-        });
-        layers.push((Some(l.media_type.clone()), Some(d), Some(l.size), loc));
-    }
-    let (cfg, layers) = assemble(&config_bytes, layers)?;
-    Ok(OciImage {
-        manifest_digest: Some(manifest_digest),
+    image_of(
+        manifest_digest,
+        &manifest,
         config_digest,
-        platform: config_platform(&cfg),
-        config: strata_config(&cfg),
-        layers,
-        blob_bytes,
-    })
+        &config_bytes,
+        |_, d, _| {
+            Ok(BlobLoc::Remote(RemoteBlob {
+                client: client.clone(),
+                digest: *d,
+            }))
+        },
+    )
 }
 
 /// Checks fetched bytes against the digest (and size) that named them.
@@ -400,6 +392,16 @@ mod tests {
         }
         for h in ["example.com", "10.0.0.1:5000", "localhost.example:1"] {
             assert!(!client::is_loopback(h), "{h}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Any text parses or is refused; what parses prints back as itself.
+        #[test]
+        fn references_never_panic_and_round_trip(s in "[a-z0-9.:/@_-]{0,80}") {
+            if let Ok(r) = RegistryRef::parse(&s) {
+                proptest::prop_assert_eq!(RegistryRef::parse(&r.to_string()).ok(), Some(r));
+            }
         }
     }
 }

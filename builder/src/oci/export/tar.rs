@@ -19,7 +19,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use strata_registry::blobread::BlobReader;
 use strata_registry::model::LayerDescriptor;
@@ -79,7 +79,7 @@ pub fn write_layer<W: Write>(src: &LayerSource<'_>, out: W) -> Result<(W, TarSta
         stats: TarStats::default(),
     };
     let root = src.image.inode(src.image.root_nid())?;
-    w.children(&root, &PathBuf::new())?;
+    w.children(&root, Path::new(""))?;
     w.tar
         .finish()
         .map_err(|e| ExportError::io("layer tar", e))?;
@@ -92,7 +92,7 @@ pub fn write_layer<W: Write>(src: &LayerSource<'_>, out: W) -> Result<(W, TarSta
 }
 
 impl<'s, W: Write> Walker<'s, W> {
-    fn children(&mut self, dir: &Inode, path: &PathBuf) -> Result<(), ExportError> {
+    fn children(&mut self, dir: &Inode, path: &Path) -> Result<(), ExportError> {
         if dir.is_opaque() {
             self.marker(dir, &path.join(".wh..wh..opq"))?;
         }
@@ -109,7 +109,7 @@ impl<'s, W: Write> Walker<'s, W> {
     }
 
     /// An empty regular file with `like`'s owner and time: a whiteout or an opaque marker.
-    fn marker(&mut self, like: &Inode, path: &PathBuf) -> Result<(), ExportError> {
+    fn marker(&mut self, like: &Inode, path: &Path) -> Result<(), ExportError> {
         let mut h = self.header(like, EntryType::Regular, 0o644)?;
         h.set_size(0);
         self.stats.whiteouts += 1;
@@ -147,12 +147,7 @@ impl<'s, W: Write> Walker<'s, W> {
         Ok(h)
     }
 
-    fn append(
-        &mut self,
-        h: &mut Header,
-        path: &PathBuf,
-        data: impl Read,
-    ) -> Result<(), ExportError> {
+    fn append(&mut self, h: &mut Header, path: &Path, data: impl Read) -> Result<(), ExportError> {
         self.stats.entries += 1;
         let r = self.tar.append_data(h, path, data);
         if let Some(e) = self.ctx.failed.borrow_mut().take() {
@@ -161,7 +156,7 @@ impl<'s, W: Write> Walker<'s, W> {
         r.map_err(|e| ExportError::io(format!("layer tar entry {}", path.display()), e))
     }
 
-    fn entry(&mut self, inode: &Inode, path: &PathBuf) -> Result<(), ExportError> {
+    fn entry(&mut self, inode: &Inode, path: &Path) -> Result<(), ExportError> {
         if inode.is_whiteout() {
             let name = path.file_name().map(|n| n.as_bytes()).unwrap_or_default();
             let mut wh = b".wh.".to_vec();
@@ -181,7 +176,7 @@ impl<'s, W: Write> Walker<'s, W> {
                     .append_link(&mut h, path, &first)
                     .map_err(|e| ExportError::io(format!("layer tar link {}", path.display()), e));
             }
-            self.links.insert(inode.nid, path.clone());
+            self.links.insert(inode.nid, path.to_path_buf());
         }
         match fmt {
             0o040000 => {
