@@ -247,6 +247,17 @@ fn corrupt_blobs_and_unknown_images_are_refused() {
             &format!("docker://{host}/bad/img:v1"),
         ],
     ));
+    let manifest_digest = json(&run(
+        "skopeo",
+        &[
+            "inspect",
+            "--tls-verify=false",
+            &format!("docker://{host}/bad/img:v1"),
+        ],
+    ))["Digest"]
+        .as_str()
+        .expect("digest")
+        .to_string();
     let digest = manifest["layers"][2]["digest"].as_str().expect("digest");
     let path = reg.blob_path(digest);
     let mut bytes = std::fs::read(&path).expect("read blob");
@@ -272,11 +283,60 @@ fn corrupt_blobs_and_unknown_images_are_refused() {
         .unwrap_or(0);
     assert_eq!(manifests, 0, "a refused import wrote a manifest");
 
+    // A config whose bytes are not what the manifest names (same length).
+    let config = manifest["config"]["digest"].as_str().expect("digest");
+    let path = reg.blob_path(config);
+    let mut bytes = std::fs::read(&path).expect("read config");
+    let at = bytes.len() - 3;
+    bytes[at] = if bytes[at] == b' ' { b'\t' } else { b' ' };
+    std::fs::write(&path, &bytes).expect("write config");
+    let o = store.run(&[
+        "import",
+        &format!("docker://{host}/bad/img:v1"),
+        "-t",
+        "b:v1",
+    ]);
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("config") && e.contains(config), "{e}");
+    assert_eq!(store.run(&["inspect", "b:v1"]).status.code(), Some(3));
+
+    // A manifest whose bytes are not what the registry names it by.
+    let path = reg.blob_path(&manifest_digest);
+    let mut bytes = std::fs::read(&path).expect("read manifest");
+    let last = bytes.len() - 1;
+    bytes[last] = b' ';
+    std::fs::write(&path, &bytes).expect("write manifest");
+    let o = store.run(&[
+        "import",
+        &format!("docker://{host}/bad/img:v1"),
+        "-t",
+        "b:v1",
+    ]);
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("Docker-Content-Digest") && e.contains(&manifest_digest),
+        "{e}"
+    );
+
     // A registry that is not on loopback is never asked over plain HTTP without --plain-http.
     let o = store.run(&["import", "docker://registry.invalid/x/y:1", "-t", "b:y"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("https://registry.invalid/v2/"),
+        "{}",
+        stderr(&o)
+    );
+    let o = store.run(&[
+        "import",
+        "docker://registry.invalid/x/y:1",
+        "-t",
+        "b:y",
+        "--plain-http",
+    ]);
+    assert!(
+        stderr(&o).contains("http://registry.invalid/v2/"),
         "{}",
         stderr(&o)
     );

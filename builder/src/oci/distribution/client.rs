@@ -78,10 +78,14 @@ impl Client {
             .user_agent(concat!("strata/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| transport(&r.registry, "building the HTTP client", e))?;
-        let creds = opts
-            .credentials
-            .clone()
-            .or_else(|| Credentials::find(&r.registry));
+        // Docker Hub's entry in an auth file is under `index.docker.io`.
+        let creds = opts.credentials.clone().or_else(|| {
+            Credentials::find(&r.registry).or_else(|| {
+                (r.api_host() != r.registry.as_str())
+                    .then(|| Credentials::find("index.docker.io"))
+                    .flatten()
+            })
+        });
         let mut client = Client {
             rt: Arc::new(rt),
             http,
@@ -93,14 +97,14 @@ impl Client {
         };
         let schemes: &[&str] = if opts.plain_http {
             &["http"]
-        } else if is_loopback(&r.registry) {
+        } else if is_loopback(r.api_host()) {
             &["https", "http"]
         } else {
             &["https"]
         };
         let mut last = None;
         for scheme in schemes {
-            client.base = format!("{scheme}://{}", r.registry);
+            client.base = format!("{scheme}://{}", r.api_host());
             match client.get("the API ping (GET /v2/)", "/v2/", None) {
                 Ok(_) => return Ok(client),
                 Err(e @ OciError::Transport { .. }) => last = Some(e),

@@ -77,8 +77,9 @@ impl fmt::Display for RegistryRef {
 }
 
 impl RegistryRef {
-    /// Parses what follows `docker://`. The registry host is required (no Docker Hub default: a name
-    /// means one registry); the tag defaults to `latest`.
+    /// Parses what follows `docker://`. The registry host is required (no default registry:
+    /// `docker.io/debian` for Docker Hub, where a one-component name means `library/NAME`); the tag
+    /// defaults to `latest`.
     pub fn parse(s: &str) -> Result<RegistryRef, OciError> {
         let usage = |why: &str| {
             OciError::Usage(format!(
@@ -124,12 +125,35 @@ impl RegistryRef {
                 return Err(usage("bad tag"));
             }
         }
+        // Docker Hub's official images live under `library/`, as `docker pull debian` means.
+        let repository = if is_docker_hub(registry) && !name.contains('/') {
+            format!("library/{name}")
+        } else {
+            name.to_string()
+        };
         Ok(RegistryRef {
             registry: registry.to_string(),
-            repository: name.to_string(),
+            repository,
             reference,
         })
     }
+
+    /// The `host[:port]` the API is at: Docker Hub's names (`docker.io`, `index.docker.io`) serve it at
+    /// `registry-1.docker.io`.
+    pub fn api_host(&self) -> &str {
+        if is_docker_hub(&self.registry) {
+            "registry-1.docker.io"
+        } else {
+            &self.registry
+        }
+    }
+}
+
+fn is_docker_hub(registry: &str) -> bool {
+    matches!(
+        registry,
+        "docker.io" | "index.docker.io" | "registry-1.docker.io"
+    )
 }
 
 /// How to reach a registry.
@@ -371,6 +395,14 @@ mod tests {
         let r = RegistryRef::parse(&format!("localhost:1/x/y@{d}")).unwrap();
         assert_eq!(r.reference, Reference::Digest(d));
         assert_eq!(r.repository, "x/y");
+        let hub = RegistryRef::parse("docker.io/debian:12").unwrap();
+        assert_eq!(hub.repository, "library/debian");
+        assert_eq!(hub.api_host(), "registry-1.docker.io");
+        assert_eq!(
+            RegistryRef::parse("docker.io/a/b").unwrap().repository,
+            "a/b"
+        );
+        assert_eq!(r.api_host(), "localhost:1");
         for bad in [
             "noslash",
             "/x:1",
