@@ -233,7 +233,10 @@ fn corrupt_blobs_and_unknown_images_are_refused() {
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(
-        e.contains(&host) && e.contains("404") && e.contains("MANIFEST_UNKNOWN"),
+        e.contains(&host)
+            && e.contains("bad/img")
+            && e.contains("404")
+            && e.contains("MANIFEST_UNKNOWN"),
         "{e}"
     );
 

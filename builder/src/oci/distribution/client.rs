@@ -118,6 +118,8 @@ impl Client {
     /// but success is an error naming `what`, the status and the registry's own error message.
     pub fn get(&self, what: &str, path: &str, accept: Option<&str>) -> Result<Response, OciError> {
         let url = format!("{}{path}", self.base);
+        // Errors name the repository too.
+        let what = &format!("{}: {what}", self.repository);
         let mut retried = false;
         loop {
             let mut req = self.http.get(&url);

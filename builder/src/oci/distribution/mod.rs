@@ -192,9 +192,11 @@ impl RemoteBlob {
         what: &str,
         expected: Option<u64>,
     ) -> Result<Box<dyn std::io::Read + Send>, OciError> {
-        let what = format!("{what} blob {}", self.shown());
         let path = format!("/v2/{}/blobs/{}", self.client.repository, self.digest);
-        let resp = self.client.get(&what, &path, None)?;
+        let resp = self
+            .client
+            .get(&format!("{what} blob {}", self.digest), &path, None)?;
+        let what = format!("{what} blob {}", self.shown());
         if let (Some(want), Some(have)) = (expected, resp.content_length()) {
             if want != have {
                 return Err(OciError::SizeMismatch {
