@@ -8,16 +8,19 @@ use std::time::Instant;
 
 use anyhow::Result;
 use serde_json::json;
-use strata_builder::oci::export::{export as write_layout, Compression, ExportedLayer};
+use strata_builder::oci::export::{
+    export as write_layout, Compression, ExportOptions, ExportedLayer,
+};
 use strata_registry::store::Store;
 
 use crate::exit::Usage;
 use crate::images::{human, resolve_image};
+use crate::layers::with_progress;
 
-/// A progress line on standard error, when it is a terminal.
+/// A progress line on standard error, when it is a terminal (clearing the spinner's line first).
 fn progress_line(msg: &str) {
     if std::io::stderr().is_terminal() {
-        eprintln!("{msg}");
+        eprintln!("\r\x1b[2K{msg}");
     }
 }
 
@@ -76,7 +79,13 @@ pub fn export(store: &Store, a: ExportArgs) -> Result<()> {
             human(l.size)
         ));
     };
-    let out = write_layout(store, &manifest, &dir, &reference, a.compress, report)?;
+    let opts = ExportOptions {
+        compression: a.compress,
+        ..Default::default()
+    };
+    let out = with_progress(opts.progress.clone(), || {
+        write_layout(store, &manifest, &dir, &reference, &opts, report)
+    })?;
     let written: u64 = out.layers.iter().map(|l| l.size).sum();
     if a.json {
         println!(

@@ -263,15 +263,24 @@ fn open_layout(dir: &Path) -> Result<Vec<serde_json::Value>, ExportError> {
     Ok(v["manifests"].as_array().cloned().unwrap_or_default())
 }
 
+/// How to export.
+#[derive(Clone, Debug, Default)]
+pub struct ExportOptions {
+    pub compression: Compression,
+    /// Bytes of file data written so far (for progress displays).
+    pub progress: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
 /// Writes image `m` into the layout at `dir` under `reference`. `on_layer` is called after each layer.
 pub fn export(
     store: &Store,
     m: &Manifest,
     dir: &Path,
     reference: &str,
-    compression: Compression,
+    opts: &ExportOptions,
     mut on_layer: impl FnMut(usize, &ExportedLayer),
 ) -> Result<Exported, ExportError> {
+    let compression = opts.compression;
     let entries = open_layout(dir)?;
     let mut layers = Vec::new();
     for (i, l) in m.layers.iter().enumerate() {
@@ -281,6 +290,7 @@ pub fn export(
             store,
             desc: &desc,
             image: &image,
+            progress: &opts.progress,
         };
         let done = layer_blob(dir, &src, compression, i)?;
         on_layer(i + 1, &done);

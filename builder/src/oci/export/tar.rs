@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use strata_registry::blobread::BlobReader;
 use strata_registry::model::LayerDescriptor;
@@ -38,6 +39,8 @@ pub struct LayerSource<'s> {
     pub store: &'s Store,
     pub desc: &'s LayerDescriptor,
     pub image: &'s ErofsImage,
+    /// Bytes of file data written so far (for progress displays).
+    pub progress: &'s AtomicU64,
 }
 
 /// Counts of what a layer tar holds.
@@ -308,6 +311,7 @@ impl Read for FileData<'_, '_> {
         let n = out.len().min(self.buf.len() - self.pos);
         out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
         self.pos += n;
+        self.ctx.src.progress.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 }
