@@ -150,3 +150,24 @@ fn corrupt_source_blob_is_refused() {
         .unwrap_or_default();
     assert!(spool.is_empty(), "spool file left: {spool:?}");
 }
+
+#[test]
+fn import_records_travel_with_the_image() {
+    if !strata_tests::oci::have_umoci() {
+        return;
+    }
+    let work = scratch("copy-oci");
+    let layout = strata_tests::oci::umoci_image(work.path());
+    let src = format!("oci:{}:t", layout.to_str().expect("utf8"));
+    let adir = scratch("copy-oci-a");
+    let a = StoreEnv::local(adir.path());
+    a.ok(&["import", &src, "-t", "imp:v1"]);
+    let bdir = scratch("copy-oci-b");
+    let b = StoreEnv::local(bdir.path());
+    let sent = copy(&a, "imp:v1", &b, &[]);
+    assert!(n(&sent, "sent_objects") > 5 * 3, "{sent}");
+    // The destination has the layers' import records: importing the same image there builds nothing.
+    let again = json(&b.ok(&["import", &src, "-t", "imp:v2", "--json"]));
+    assert_eq!(again["stored_bytes"], 0, "{again}");
+    assert_eq!(again["digest"], sent["digest"]);
+}
