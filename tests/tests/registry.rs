@@ -28,24 +28,62 @@ fn import(store: &StoreEnv, src: &str, tag: &str, extra: &[&str]) -> serde_json:
     json(&store.ok(&args))
 }
 
-#[test]
-fn pull_is_the_image_the_layout_imports_as() {
+/// A registry (behind htpasswd auth for `user`, if given) holding the umoci image as `repo_tag` (as
+/// two platforms of an index with `platforms`), and an empty local store.
+struct Pushed {
+    reg: Registry,
+    work: tempfile::TempDir,
+    layout: std::path::PathBuf,
+    sdir: tempfile::TempDir,
+    store: StoreEnv,
+}
+
+/// The fixture, or `None` (after the skip is logged) when umoci or the registry tools are missing.
+fn pushed(
+    label: &str,
+    repo_tag: &str,
+    user: Option<(&str, &str)>,
+    platforms: bool,
+) -> Option<Pushed> {
     if !have_umoci() {
-        return;
+        return None;
     }
-    let Some(reg) = Registry::start(None) else {
-        return;
-    };
-    let work = scratch("reg-pull");
+    let reg = Registry::start(user)?;
+    let work = scratch(label);
     let layout = umoci_image(work.path());
+    if platforms {
+        helper(&layout, "t", &["platforms"]);
+    }
+    let creds = user.map(|(u, p)| format!("{u}:{p}"));
     reg.push(
         &format!("oci:{}:t", s(&layout)),
-        "strata/img:v1",
-        None,
-        false,
+        repo_tag,
+        creds.as_deref(),
+        platforms,
     );
     let sdir = scratch("store");
     let store = StoreEnv::local(sdir.path());
+    Some(Pushed {
+        reg,
+        work,
+        layout,
+        sdir,
+        store,
+    })
+}
+
+#[test]
+fn pull_is_the_image_the_layout_imports_as() {
+    let Some(Pushed {
+        reg,
+        work,
+        layout,
+        sdir: _sdir,
+        store,
+    }) = pushed("reg-pull", "strata/img:v1", None, false)
+    else {
+        return;
+    };
     let src = format!("docker://{}/strata/img:v1", reg.host());
     let pulled = import(&store, &src, "reg/img:v1", &[]);
     assert_eq!(pulled["layers"].as_array().expect("layers").len(), 5);
@@ -83,18 +121,16 @@ fn pull_is_the_image_the_layout_imports_as() {
 
 #[test]
 fn platform_is_chosen_from_a_registry_index() {
-    if !have_umoci() {
-        return;
-    }
-    let Some(reg) = Registry::start(None) else {
+    let Some(Pushed {
+        reg,
+        work: _work,
+        layout: _layout,
+        sdir: _sdir,
+        store,
+    }) = pushed("reg-platform", "multi/img:v1", None, true)
+    else {
         return;
     };
-    let work = scratch("reg-platform");
-    let layout = umoci_image(work.path());
-    helper(&layout, "t", &["platforms"]);
-    reg.push(&format!("oci:{}:t", s(&layout)), "multi/img:v1", None, true);
-    let sdir = scratch("store");
-    let store = StoreEnv::local(sdir.path());
     let src = format!("docker://{}/multi/img:v1", reg.host());
     let platform_of = |tag: &str| {
         json(&store.ok(&["inspect", tag, "--json"]))["manifest"]["annotations"]
@@ -120,22 +156,21 @@ fn platform_is_chosen_from_a_registry_index() {
 
 #[test]
 fn basic_auth_from_flags_environment_and_auth_file() {
-    if !have_umoci() {
-        return;
-    }
-    let Some(reg) = Registry::start(Some(("alice", "s3cret"))) else {
+    let Some(Pushed {
+        reg,
+        work,
+        layout: _layout,
+        sdir,
+        store,
+    }) = pushed(
+        "reg-basic",
+        "private/img:v1",
+        Some(("alice", "s3cret")),
+        false,
+    )
+    else {
         return;
     };
-    let work = scratch("reg-basic");
-    let layout = umoci_image(work.path());
-    reg.push(
-        &format!("oci:{}:t", s(&layout)),
-        "private/img:v1",
-        Some("alice:s3cret"),
-        false,
-    );
-    let sdir = scratch("store");
-    let store = StoreEnv::local(sdir.path());
     let src = format!("docker://{}/private/img:v1", reg.host());
     let o = store.run(&["import", &src, "-t", "p:anon"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
@@ -179,18 +214,17 @@ fn basic_auth_from_flags_environment_and_auth_file() {
 
 #[test]
 fn bearer_token_flow() {
-    if !have_umoci() {
-        return;
-    }
-    let Some(reg) = Registry::start(None) else {
+    let Some(Pushed {
+        reg,
+        work,
+        layout: _layout,
+        sdir: _sdir,
+        store,
+    }) = pushed("reg-token", "tok/img:v1", None, false)
+    else {
         return;
     };
-    let work = scratch("reg-token");
-    let layout = umoci_image(work.path());
-    reg.push(&format!("oci:{}:t", s(&layout)), "tok/img:v1", None, false);
     let front = TokenFront::start(&reg, "bob", "pw", work.path());
-    let sdir = scratch("store");
-    let store = StoreEnv::local(sdir.path());
     let src = format!("docker://127.0.0.1:{}/tok/img:v1", front.port);
     let o = store.run(&["import", &src, "-t", "t:anon"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
@@ -211,17 +245,16 @@ fn bearer_token_flow() {
 
 #[test]
 fn corrupt_blobs_and_unknown_images_are_refused() {
-    if !have_umoci() {
-        return;
-    }
-    let Some(reg) = Registry::start(None) else {
+    let Some(Pushed {
+        reg,
+        work: _work,
+        layout: _layout,
+        sdir,
+        store,
+    }) = pushed("reg-bad", "bad/img:v1", None, false)
+    else {
         return;
     };
-    let work = scratch("reg-bad");
-    let layout = umoci_image(work.path());
-    reg.push(&format!("oci:{}:t", s(&layout)), "bad/img:v1", None, false);
-    let sdir = scratch("store");
-    let store = StoreEnv::local(sdir.path());
     let host = reg.host();
 
     let o = store.run(&[

@@ -9,8 +9,8 @@ use std::path::Path;
 
 use super::spec::{self, Descriptor, ImageManifest, Index};
 use super::{
-    image_of, not_found, parse_digest, parse_json, BlobLoc, OciError, OciImage, Platform,
-    Sha256Digest,
+    image_of, manifest_media_type, not_found, parse_digest, parse_json, BlobLoc, OciError,
+    OciImage, Platform, Sha256Digest,
 };
 
 /// Nested indexes followed at most.
@@ -151,26 +151,7 @@ fn resolve(
     let bytes = blob(dir, &d).read_json(&what, Some(&d), Some(desc.size))?;
     // The descriptor's media type decides; a blob's own `mediaType` is the fallback (older writers
     // leave the descriptor's empty).
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Probe {
-        #[serde(default)]
-        media_type: Option<String>,
-        #[serde(default)]
-        manifests: Option<serde_json::Value>,
-    }
-    let probe: Probe = parse_json(&what, &bytes)?;
-    let media_type = if desc.media_type.is_empty() {
-        probe.media_type.clone().unwrap_or_else(|| {
-            if probe.manifests.is_some() {
-                spec::OCI_INDEX.to_string()
-            } else {
-                spec::OCI_MANIFEST.to_string()
-            }
-        })
-    } else {
-        desc.media_type.clone()
-    };
+    let media_type = manifest_media_type(&what, &bytes, Some(&desc.media_type))?;
     if spec::is_index(&media_type) {
         if depth >= MAX_DEPTH {
             return Err(OciError::Malformed(format!(

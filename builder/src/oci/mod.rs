@@ -495,6 +495,38 @@ fn image_of(
     })
 }
 
+/// A manifest's media type: `declared` (the descriptor's, or the registry's `Content-Type`) when
+/// given, else the document's own `mediaType`, else an index if it lists `manifests`, else an image
+/// manifest (older writers leave both out).
+fn manifest_media_type(
+    what: &str,
+    bytes: &[u8],
+    declared: Option<&str>,
+) -> Result<String, OciError> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Probe {
+        #[serde(default)]
+        media_type: Option<String>,
+        #[serde(default)]
+        manifests: Option<serde_json::Value>,
+    }
+    let probe: Probe = parse_json(what, bytes)?;
+    if let Some(d) = declared.filter(|d| !d.is_empty()) {
+        return Ok(d.to_string());
+    }
+    Ok(probe
+        .media_type
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| {
+            if probe.manifests.is_some() {
+                spec::OCI_INDEX.to_string()
+            } else {
+                spec::OCI_MANIFEST.to_string()
+            }
+        }))
+}
+
 /// strata's image config from an OCI config.
 pub fn strata_config(cfg: &ImageConfigFile) -> ImageConfig {
     let rc = cfg.config.as_ref();

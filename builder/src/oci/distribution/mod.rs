@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use super::spec::{self, Descriptor, ImageManifest, Index};
 use super::{
-    image_of, parse_digest, parse_json, BlobLoc, OciError, OciImage, Platform, Sha256Digest,
-    JSON_LIMIT,
+    image_of, manifest_media_type, parse_digest, parse_json, BlobLoc, OciError, OciImage, Platform,
+    Sha256Digest, JSON_LIMIT,
 };
 use auth::Credentials;
 use client::Client;
@@ -322,7 +322,8 @@ fn resolve(
                 actual
             }
         };
-        let media_type = media_type_of(&what, &bytes, header_type)?;
+        let declared = header_type.filter(|h| spec::is_index(h) || spec::is_manifest(h));
+        let media_type = manifest_media_type(&what, &bytes, declared.as_deref())?;
         if spec::is_index(&media_type) {
             let index: Index = parse_json(&what, &bytes)?;
             let next = pick(&index.manifests, platform, &format!("{r}: index {digest}"))?;
@@ -341,30 +342,6 @@ fn resolve(
     Err(OciError::Malformed(format!(
         "{r}: indexes nested deeper than {MAX_DEPTH}"
     )))
-}
-
-/// A manifest's media type: its own `mediaType` field, else the response's `Content-Type`.
-fn media_type_of(what: &str, bytes: &[u8], header: Option<String>) -> Result<String, OciError> {
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Probe {
-        #[serde(default)]
-        media_type: Option<String>,
-        #[serde(default)]
-        manifests: Option<serde_json::Value>,
-    }
-    let probe: Probe = parse_json(what, bytes)?;
-    Ok(probe
-        .media_type
-        .filter(|m| !m.is_empty())
-        .or(header.filter(|h| spec::is_index(h) || spec::is_manifest(h)))
-        .unwrap_or_else(|| {
-            if probe.manifests.is_some() {
-                spec::OCI_INDEX.to_string()
-            } else {
-                spec::OCI_MANIFEST.to_string()
-            }
-        }))
 }
 
 /// The entry of an index for `platform`.
