@@ -294,63 +294,54 @@ fn corrupt_blobs_and_unknown_images_are_refused() {
         .as_str()
         .expect("digest")
         .to_string();
+    // Rewrites a blob in the registry's storage (same length, other bytes).
+    let tamper = |digest: &str, f: &dyn Fn(&mut Vec<u8>)| {
+        let path = reg.blob_path(digest);
+        let mut bytes = std::fs::read(&path).expect("read blob");
+        f(&mut bytes);
+        std::fs::write(&path, &bytes).expect("write blob");
+    };
+    // Imports, expecting a refusal (exit 5) that tags nothing; returns the message.
+    let src = format!("docker://{host}/bad/img:v1");
+    let refused = || {
+        let o = store.run(&["import", &src, "-t", "b:v1"]);
+        assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+        let o2 = store.run(&["inspect", "b:v1"]);
+        assert_eq!(o2.status.code(), Some(3), "a refused import was tagged");
+        let manifests = std::fs::read_dir(sdir.path().join("manifests"))
+            .map(|r| r.count())
+            .unwrap_or(0);
+        assert_eq!(manifests, 0, "a refused import wrote a manifest");
+        stderr(&o)
+    };
+
+    // The third layer's blob.
     let digest = manifest["layers"][2]["digest"].as_str().expect("digest");
-    let path = reg.blob_path(digest);
-    let mut bytes = std::fs::read(&path).expect("read blob");
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0xff;
-    std::fs::write(&path, &bytes).expect("write blob");
-    let o = store.run(&[
-        "import",
-        &format!("docker://{host}/bad/img:v1"),
-        "-t",
-        "b:v1",
-    ]);
-    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
-    let e = stderr(&o);
+    tamper(digest, &|b| {
+        let mid = b.len() / 2;
+        b[mid] ^= 0xff;
+    });
+    let e = refused();
     assert!(
         e.contains("digest mismatch") && e.contains(digest) && e.contains("bad/img"),
         "{e}"
     );
-    let o = store.run(&["inspect", "b:v1"]);
-    assert_eq!(o.status.code(), Some(3), "a refused import was tagged");
-    let manifests = std::fs::read_dir(sdir.path().join("manifests"))
-        .map(|r| r.count())
-        .unwrap_or(0);
-    assert_eq!(manifests, 0, "a refused import wrote a manifest");
 
-    // A config whose bytes are not what the manifest names (same length).
+    // The config (it is fetched before any layer).
     let config = manifest["config"]["digest"].as_str().expect("digest");
-    let path = reg.blob_path(config);
-    let mut bytes = std::fs::read(&path).expect("read config");
-    let at = bytes.len() - 3;
-    bytes[at] = if bytes[at] == b' ' { b'\t' } else { b' ' };
-    std::fs::write(&path, &bytes).expect("write config");
-    let o = store.run(&[
-        "import",
-        &format!("docker://{host}/bad/img:v1"),
-        "-t",
-        "b:v1",
-    ]);
-    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
-    let e = stderr(&o);
+    tamper(config, &|b| {
+        let at = b.len() - 3;
+        b[at] = if b[at] == b' ' { b'\t' } else { b' ' };
+    });
+    let e = refused();
     assert!(e.contains("config") && e.contains(config), "{e}");
-    assert_eq!(store.run(&["inspect", "b:v1"]).status.code(), Some(3));
 
-    // A manifest whose bytes are not what the registry names it by.
-    let path = reg.blob_path(&manifest_digest);
-    let mut bytes = std::fs::read(&path).expect("read manifest");
-    let last = bytes.len() - 1;
-    bytes[last] = b' ';
-    std::fs::write(&path, &bytes).expect("write manifest");
-    let o = store.run(&[
-        "import",
-        &format!("docker://{host}/bad/img:v1"),
-        "-t",
-        "b:v1",
-    ]);
-    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
-    let e = stderr(&o);
+    // The manifest: its bytes are not what the registry names it by.
+    tamper(&manifest_digest, &|b| {
+        let last = b.len() - 1;
+        b[last] = b' ';
+    });
+    let e = refused();
     assert!(
         e.contains("Docker-Content-Digest") && e.contains(&manifest_digest),
         "{e}"
