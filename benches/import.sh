@@ -27,6 +27,8 @@ STRATA=${STRATA:-${CARGO_TARGET_DIR:-/var/tmp/strata-target}/release/strata}
 W=$D/oci-import
 stamp=$(date -u +%Y-%m-%dT%H%MZ)
 log() { printf '[import] %s\n' "$*" >&2; }
+# shellcheck source=benches/lib.sh
+. "$here/lib.sh"
 
 for d in minbase minbase-up; do
     [[ -e $D/$d.done ]] || { log "missing $D/$d: run benches/make-data.sh first"; exit 1; }
@@ -36,10 +38,6 @@ for c in umoci rsync; do
     command -v $c >/dev/null || { log "$c is not installed (apt-get install $c)"; exit 1; }
 done
 
-drop_caches() {
-    sync
-    [[ ${NO_DROP:-} == 1 ]] || echo 3 >/proc/sys/vm/drop_caches
-}
 
 # The image, once.
 L=$W/layout
@@ -85,18 +83,6 @@ log "image: $nlayers layers, $layer_bytes bytes of layer blobs, $tar_bytes bytes
 
 RAW=$W/import-$stamp.tsv
 : >"$RAW"
-# measure NAME CMD...: wall and CPU seconds of CMD after dropping the page cache, appended to $RAW.
-measure() {
-    local name=$1
-    shift
-    drop_caches
-    if ! /usr/bin/time -o "$W/$name.time" -f '%e %U %S' "$@" >"$W/$name.out" 2>"$W/$name.err"; then
-        log "$name failed:"
-        cat "$W/$name.err" >&2
-        exit 1
-    fi
-    printf '%s\t%s\n' "$name" "$(tail -n1 "$W/$name.time")" >>"$RAW"
-}
 
 for run in $(seq "$RUNS"); do
     log "run $run/$RUNS (load: $(cut -d' ' -f1-3 /proc/loadavg))"

@@ -13,3 +13,23 @@ apt_mirror() {
     fi
     echo "${u:-http://deb.debian.org/debian}"
 }
+
+# Syncs and drops the page cache (unless NO_DROP=1).
+drop_caches() {
+    sync
+    [[ ${NO_DROP:-} == 1 ]] || echo 3 >/proc/sys/vm/drop_caches
+}
+
+# measure NAME CMD...: wall, user and system seconds and max RSS (KiB) of CMD after dropping the page
+# cache, appended to $RAW as "NAME<TAB>wall user sys rss"; output in $W/NAME.out and $W/NAME.err.
+measure() {
+    local name=$1
+    shift
+    drop_caches
+    if ! /usr/bin/time -o "$W/$name.time" -f '%e %U %S %M' "$@" >"$W/$name.out" 2>"$W/$name.err"; then
+        log "$name failed:"
+        cat "$W/$name.err" >&2
+        exit 1
+    fi
+    printf '%s\t%s\n' "$name" "$(tail -n1 "$W/$name.time")" >>"$RAW"
+}

@@ -5,6 +5,7 @@
 mod daemon;
 pub mod oci;
 pub mod proxy;
+pub mod registry;
 pub mod vm;
 
 pub use daemon::Daemon;
@@ -81,6 +82,8 @@ pub enum Need {
     ErofsUtils,
     /// `qemu-system-x86_64` and `mkfs.ext4`, for microVMs.
     Qemu,
+    /// A registry on loopback: `docker-registry`, `skopeo` and `htpasswd`.
+    Registry,
 }
 
 /// True when `program --version` (or `--help`) runs.
@@ -108,6 +111,7 @@ impl Need {
             Need::Qemu => {
                 "qemu-system-x86_64 and mkfs.ext4 (apt-get install qemu-system-x86 e2fsprogs)"
             }
+            Need::Registry => "docker-registry, skopeo and htpasswd (scripts/setup installs them)",
         }
     }
 
@@ -129,6 +133,9 @@ impl Need {
                         .arg("-V")
                         .output()
                         .is_ok_and(|o| o.status.success())
+            }
+            Need::Registry => {
+                runs("docker-registry") && runs("skopeo") && Path::new("/usr/bin/htpasswd").exists()
             }
         }
     }

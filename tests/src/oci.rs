@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::generate_tree;
+use crate::{diff, generate_tree, scratch, snapshot, Daemon, StoreEnv};
 
 fn s(p: &Path) -> &str {
     p.to_str().expect("utf8 path")
@@ -261,4 +261,85 @@ pub fn umoci_unpack(work: &Path, layout: &Path, reference: &str) -> PathBuf {
         ],
     );
     out
+}
+
+/// Mounts `image` through a daemon on `store` and compares it with `expected` entry by entry.
+pub fn compare_mounted(
+    store: &StoreEnv,
+    image: &str,
+    expected: &Path,
+    bundle_config: Option<&Path>,
+) {
+    let d = Daemon::start(store, &["--cache-size", "1G"]);
+    let rootfs = d.ok(&["mount", image, "--sandbox", "cmp"]);
+    // Overlay shows the root directory's times from the sandbox's upper directory (made at mount), and
+    // a hard link to a lower layer's file as a copy (see `CROSS_LAYER_LINKS`).
+    assert_same_tree(
+        snapshot(expected),
+        snapshot(Path::new(&rootfs)),
+        &CROSS_LAYER_LINKS,
+        &format!("{image} differs from umoci's rootfs"),
+    );
+    if let Some(umoci_config) = bundle_config {
+        let dir = scratch("bundle");
+        d.ok(&["bundle", image, "--sandbox", "bundle", s(dir.path())]);
+        let ours =
+            crate::json(&std::fs::read_to_string(dir.path().join("config.json")).expect("read"));
+        let theirs = crate::json(&std::fs::read_to_string(umoci_config).expect("read"));
+        for field in ["args", "cwd"] {
+            assert_eq!(
+                ours["process"][field], theirs["process"][field],
+                "process.{field}"
+            );
+        }
+        // A user name, resolved in the image's /etc/passwd by both.
+        assert_eq!(ours["process"]["user"]["uid"], 4242);
+        for id in ["uid", "gid"] {
+            assert_eq!(
+                ours["process"]["user"][id], theirs["process"]["user"][id],
+                "process.user.{id}"
+            );
+        }
+        let env = |v: &serde_json::Value| {
+            let mut e: Vec<String> = v["process"]["env"]
+                .as_array()
+                .expect("env")
+                .iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .filter(|x| !x.starts_with("TERM=") && !x.starts_with("HOME="))
+                .collect();
+            e.sort();
+            e
+        };
+        assert_eq!(env(&ours), env(&theirs), "process.env");
+    }
+}
+
+/// A tree snapshot ([`snapshot`]).
+pub type Snapshot = std::collections::BTreeMap<Vec<u8>, crate::EntryInfo>;
+
+/// Asserts two snapshots are equal, after making the root directory's time and the hard-link groups
+/// of `relinked` (links across layers, which layers hold as copies) comparable.
+pub fn assert_same_tree(mut want: Snapshot, mut got: Snapshot, relinked: &[&str], what: &str) {
+    for snap in [&mut want, &mut got] {
+        if let Some(root) = snap.get_mut(&b""[..]) {
+            root.mtime = (0, 0);
+        }
+        for p in relinked {
+            if let Some(e) = snap.get_mut(p.as_bytes()) {
+                e.link_group = None;
+            }
+        }
+    }
+    let diffs = diff(&want, &got);
+    assert!(diffs.is_empty(), "{what}:\n{}", diffs.join("\n"));
+}
+
+/// This machine's platform as OCI names it (the default of `--platform`).
+pub fn host_platform() -> &'static str {
+    if cfg!(target_arch = "aarch64") {
+        "linux/arm64"
+    } else {
+        "linux/amd64"
+    }
 }

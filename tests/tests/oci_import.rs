@@ -35,64 +35,6 @@ fn s(p: &Path) -> &str {
     p.to_str().expect("utf8 path")
 }
 
-/// Mounts `image` through a daemon on `store` and compares it with `expected` entry by entry.
-fn compare_mounted(store: &StoreEnv, image: &str, expected: &Path, bundle_config: Option<&Path>) {
-    let d = Daemon::start(store, &["--cache-size", "1G"]);
-    let rootfs = d.ok(&["mount", image, "--sandbox", "cmp"]);
-    let mut want = snapshot(expected);
-    let mut got = snapshot(Path::new(&rootfs));
-    // Overlay shows the root directory's times from the sandbox's upper directory (made at mount), and
-    // a hard link to a lower layer's file as a copy (see `CROSS_LAYER_LINKS`).
-    for snap in [&mut want, &mut got] {
-        if let Some(root) = snap.get_mut(&b""[..]) {
-            root.mtime = (0, 0);
-        }
-        for p in CROSS_LAYER_LINKS {
-            if let Some(e) = snap.get_mut(p.as_bytes()) {
-                e.link_group = None;
-            }
-        }
-    }
-    let diffs = diff(&want, &got);
-    assert!(
-        diffs.is_empty(),
-        "{image} differs from umoci's rootfs:\n{}",
-        diffs.join("\n")
-    );
-    if let Some(umoci_config) = bundle_config {
-        let dir = scratch("bundle");
-        d.ok(&["bundle", image, "--sandbox", "bundle", s(dir.path())]);
-        let ours = json(&std::fs::read_to_string(dir.path().join("config.json")).expect("read"));
-        let theirs = json(&std::fs::read_to_string(umoci_config).expect("read"));
-        for field in ["args", "cwd"] {
-            assert_eq!(
-                ours["process"][field], theirs["process"][field],
-                "process.{field}"
-            );
-        }
-        // A user name, resolved in the image's /etc/passwd by both.
-        assert_eq!(ours["process"]["user"]["uid"], 4242);
-        for id in ["uid", "gid"] {
-            assert_eq!(
-                ours["process"]["user"][id], theirs["process"]["user"][id],
-                "process.user.{id}"
-            );
-        }
-        let env = |v: &serde_json::Value| {
-            let mut e: Vec<String> = v["process"]["env"]
-                .as_array()
-                .expect("env")
-                .iter()
-                .filter_map(|x| x.as_str().map(str::to_string))
-                .filter(|x| !x.starts_with("TERM=") && !x.starts_with("HOME="))
-                .collect();
-            e.sort();
-            e
-        };
-        assert_eq!(env(&ours), env(&theirs), "process.env");
-    }
-}
-
 /// The `reused` flag of each layer of an import's JSON.
 fn reused_flags(v: &serde_json::Value) -> Vec<bool> {
     v["layers"]
@@ -439,11 +381,7 @@ fn platform_is_chosen_from_a_nested_index() {
             ["org.strata.oci.platform"]
             .clone()
     };
-    let host = if cfg!(target_arch = "aarch64") {
-        "linux/arm64"
-    } else {
-        "linux/amd64"
-    };
+    let host = host_platform();
     import_json(&store, &[&src, "-t", "p:default"]);
     assert_eq!(platform_of("p:default"), host);
     import_json(&store, &[&src, "-t", "p:arm", "--platform", "linux/arm64"]);

@@ -6,7 +6,10 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
-use crate::{catalog, compose, images, import, layers, node, progress, snapshot, trace, view, vm};
+use crate::{
+    catalog, compose, copy, export, images, import, layers, node, progress, snapshot, trace, view,
+    vm,
+};
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
@@ -128,8 +131,13 @@ pub enum Cmd {
     /// A microVM sandbox through stratad: the image's layers as drives, a scratch drive, and a launch
     /// description in DIR (vm.json, qemu.sh, ...). See docs/VM.md.
     Vm(vm::VmArgs),
-    /// Import an OCI image layout (oci:DIR[:REF]) or docker save archive (docker-archive:FILE[:REF]).
+    /// Import an OCI image layout (oci:DIR[:REF]), docker save archive (docker-archive:FILE[:REF]) or an
+    /// image from a registry (docker://HOST[:PORT]/REPO[:TAG|@DIGEST]).
     Import(import::ImportArgs),
+    /// Write an image as an OCI image layout (oci:DIR[:REF]) that umoci and skopeo read.
+    Export(export::ExportArgs),
+    /// Copy an image into another store (file:// or s3://), sending only the objects it lacks.
+    Copy(copy::CopyArgs),
     /// Pack a sandbox's writable delta (an overlay upper directory) as a diff layer on its image.
     PackDiff(snapshot::PackDiffArgs),
     /// Collapse an image's layers (from --from N to the top) into one, applying whiteouts.
@@ -238,6 +246,8 @@ pub fn run(cli: Cli) -> Result<()> {
         } => view::ls(&store, &reference, &path, json),
         Cmd::Cat { reference, path } => view::cat(&store, &reference, &path),
         Cmd::Import(a) => import::import(&store, a),
+        Cmd::Copy(a) => copy::copy(&store, a),
+        Cmd::Export(a) => export::export(&store, a),
         Cmd::Materialize { layer, dir } => layers::materialize(&store, &layer, &dir),
         Cmd::PackDiff(a) => snapshot::pack_diff(&store, socket, a),
         Cmd::Flatten(a) => snapshot::flatten(&store, a),

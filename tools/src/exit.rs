@@ -6,7 +6,7 @@
 //! | 1 | any other failure |
 //! | 2 | bad usage (unknown flag, invalid reference or option) |
 //! | 3 | not found (image, tag, layer, path in an image, source) |
-//! | 4 | conflict (a tag changed concurrently) |
+//! | 4 | conflict (a tag changed concurrently, or names another image and --force was not given) |
 //! | 5 | corrupt or malformed data (digest mismatch, bad metadata, bad tar, a broken OCI source, a tag that cannot be followed) |
 //! | 6 | store unreachable or failing |
 //! | 7 | sandbox state: leftovers of a stopped sandbox, a resume of another image, processes in a rootfs, a VM still running |
@@ -14,6 +14,7 @@
 //! Errors stratad reports through its control API carry a kind (`api::ErrorKind`), mapped here too: a
 //! daemon-side failure gets the code the same failure gets locally.
 
+use strata_builder::oci::export::ExportError;
 use strata_builder::oci::OciError;
 use strata_builder::BuildError;
 use strata_fs::api::{ClientError, ErrorKind};
@@ -57,7 +58,11 @@ fn oci_code(e: &OciError) -> i32 {
         | OciError::DigestMismatch { .. }
         | OciError::SizeMismatch { .. }
         | OciError::Malformed(_) => 5,
-        OciError::Unsupported(_) | OciError::Io { .. } => 1,
+        OciError::Http { status: 404, .. } => 3,
+        OciError::Unsupported(_)
+        | OciError::Io { .. }
+        | OciError::Http { .. }
+        | OciError::Transport { .. } => 1,
     }
 }
 
@@ -103,6 +108,13 @@ pub fn code(e: &anyhow::Error) -> i32 {
         if let Some(o) = cause.downcast_ref::<OciError>() {
             return oci_code(o);
         }
+        if let Some(x) = cause.downcast_ref::<ExportError>() {
+            return match x {
+                ExportError::Store(s) => store_code(s),
+                ExportError::Erofs(_) => 5,
+                ExportError::Io { .. } | ExportError::Unsupported(_) => 1,
+            };
+        }
         if let Some(c) = cause.downcast_ref::<ClientError>() {
             return daemon_code(c);
         }
@@ -114,6 +126,9 @@ pub fn code(e: &anyhow::Error) -> i32 {
         }
         if cause.downcast_ref::<SandboxState>().is_some() {
             return 7;
+        }
+        if cause.downcast_ref::<crate::copy::TagExists>().is_some() {
+            return 4;
         }
     }
     1

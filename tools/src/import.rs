@@ -1,4 +1,6 @@
-//! `strata import`: an OCI image layout or a `docker save` archive becomes a tagged strata image.
+//! `strata import`: an OCI image layout, a `docker save` archive or an image in a registry
+//! (`docker://`, pulled through the distribution API: [`strata_builder::oci::distribution`]) becomes a
+//! tagged strata image.
 //!
 //! The source is parsed and its JSON blobs verified first ([`strata_builder::oci::open`]), so a bad
 //! source fails before anything is stored. Then every layer is imported bottom first
@@ -14,20 +16,22 @@ use std::time::Instant;
 use anyhow::Result;
 use serde_json::json;
 use strata_builder::import::{import_layers, ImportedLayer};
+use strata_builder::oci::distribution::{self, auth::Credentials, PullOptions};
 use strata_builder::oci::{self, Platform, Source};
 use strata_builder::BuildOptions;
 use strata_registry::model::{LayerConfig, LayerKind, TagName};
 use strata_registry::store::Store;
 
 use crate::config::ConfigArgs;
-use crate::exit::NotFound;
+use crate::exit::{NotFound, Usage};
 use crate::images::{human, make_annotated_image};
 use crate::layers::with_build_progress;
 
 /// Arguments of `strata import`.
 #[derive(clap::Args)]
 pub struct ImportArgs {
-    /// oci:DIR[:REF] (an OCI image layout) or docker-archive:FILE[:REPO:TAG] (`docker save` output).
+    /// oci:DIR[:REF] (an OCI image layout), docker-archive:FILE[:REPO:TAG] (`docker save` output) or
+    /// docker://HOST[:PORT]/REPO[:TAG|@sha256:DIGEST] (a registry).
     pub src: String,
     /// Tag for the imported image.
     #[arg(short = 't', long = "tag")]
@@ -41,6 +45,14 @@ pub struct ImportArgs {
     /// Make one layer of the whole image instead of one per OCI layer.
     #[arg(long)]
     pub flatten: bool,
+    /// docker://: plain HTTP for any registry (loopback registries may use it anyway).
+    #[arg(long)]
+    pub plain_http: bool,
+    /// docker://: USER:PASSWORD for the registry (else STRATA_REGISTRY_USER/STRATA_REGISTRY_PASSWORD,
+    /// then the registry's entry in an auth file: REGISTRY_AUTH_FILE, containers/auth.json,
+    /// ~/.docker/config.json).
+    #[arg(long, env = "STRATA_REGISTRY_CREDS", hide_env_values = true)]
+    pub creds: Option<String>,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -60,7 +72,23 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
         None => Platform::host(),
     };
     let start = Instant::now();
-    let image = oci::open(&source, &platform)?;
+    let image = match &source {
+        Source::Registry(r) => {
+            let credentials = match &a.creds {
+                Some(c) => Some(
+                    Credentials::parse(c)
+                        .ok_or_else(|| Usage("--creds: expected USER:PASSWORD".into()))?,
+                ),
+                None => None,
+            };
+            let opts = PullOptions {
+                plain_http: a.plain_http,
+                credentials,
+            };
+            distribution::open(r, &platform, &opts)?
+        }
+        _ => oci::open(&source, &platform)?,
+    };
     let config = a.config.image_config(store, image.config.clone())?;
     // A single-platform image is taken as it is; it must be the platform asked for, if one was.
     let found = Platform::parse(&image.platform).ok();

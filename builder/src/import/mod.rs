@@ -28,7 +28,7 @@
 //! same chain ID (the same layer on the same lower layers: an image rebuilt, or another image on the same
 //! base) reads the record, checks the layer descriptor (digest verified), its labels, and that its
 //! metadata and blobs exist, and reuses it: nothing is built or stored. The source blob is still verified
-//! (hashed, not built). A record that names something missing or different is ignored and rewritten.
+//! (hashed, not built) — unless it is in a registry: then it is not downloaded at all. A record that names something missing or different is ignored and rewritten.
 //! Records are hints written after what they name, so a crash leaves at worst an unused record.
 
 use std::sync::Arc;
@@ -98,7 +98,12 @@ pub fn import_layers(
         let record = key::oci_import(&chain_id.hex());
         let imported = match reusable(store, &record, layer, chain_id)? {
             Some((digest, descriptor)) => {
-                verify_only(layer)?;
+                // A registry's blob is not downloaded only to be hashed: the verified config names
+                // its content (the diff ID in the chain ID), and the reused layer was verified when
+                // it was built.
+                if !layer.is_remote() {
+                    verify_only(layer)?;
+                }
                 ImportedLayer {
                     number: layer.number,
                     digest,

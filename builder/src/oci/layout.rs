@@ -9,8 +9,8 @@ use std::path::Path;
 
 use super::spec::{self, Descriptor, ImageManifest, Index};
 use super::{
-    assemble, config_platform, not_found, parse_digest, parse_json, strata_config, BlobLoc,
-    OciError, OciImage, Platform, Sha256Digest,
+    image_of, manifest_media_type, not_found, parse_digest, parse_json, BlobLoc, OciError,
+    OciImage, Platform, Sha256Digest,
 };
 
 /// Nested indexes followed at most.
@@ -93,31 +93,23 @@ pub(super) fn open(
         Some(&config_digest),
         Some(manifest.config.size),
     )?;
-    let mut blob_bytes = manifest.config.size;
-    let mut layers = Vec::new();
-    for (i, l) in manifest.layers.iter().enumerate() {
-        let what = format!("layer {}", i + 1);
-        let d = parse_digest(&what, &l.digest)?;
-        blob_bytes += l.size;
-        // Every blob is there with its size before anything is built: a missing one fails the import
-        // before the layers below it are stored.
-        let loc = blob(dir, &d);
-        drop(loc.open(&what, &l.digest, Some(l.size))?);
-        layers.push((Some(l.media_type.clone()), Some(d), Some(l.size), loc));
-    }
-    let (cfg, layers) = assemble(&config_bytes, layers)?;
-    Ok(OciImage {
-        manifest_digest: Some(manifest_digest),
+    image_of(
+        manifest_digest,
+        &manifest,
         config_digest,
-        platform: config_platform(&cfg),
-        config: strata_config(&cfg),
-        layers,
-        blob_bytes,
-    })
+        &config_bytes,
+        |what, d, l| {
+            // Every blob is there with its size before anything is built: a missing one fails the
+            // import before the layers below it are stored.
+            let loc = blob(dir, d);
+            drop(loc.open(what, &l.digest, Some(l.size))?);
+            Ok(loc)
+        },
+    )
 }
 
 /// The descriptor for `platform` among `many`.
-fn pick_platform<'a>(
+pub(super) fn pick_platform<'a>(
     many: &[&'a Descriptor],
     platform: &Platform,
     what: &str,
@@ -159,26 +151,7 @@ fn resolve(
     let bytes = blob(dir, &d).read_json(&what, Some(&d), Some(desc.size))?;
     // The descriptor's media type decides; a blob's own `mediaType` is the fallback (older writers
     // leave the descriptor's empty).
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Probe {
-        #[serde(default)]
-        media_type: Option<String>,
-        #[serde(default)]
-        manifests: Option<serde_json::Value>,
-    }
-    let probe: Probe = parse_json(&what, &bytes)?;
-    let media_type = if desc.media_type.is_empty() {
-        probe.media_type.clone().unwrap_or_else(|| {
-            if probe.manifests.is_some() {
-                spec::OCI_INDEX.to_string()
-            } else {
-                spec::OCI_MANIFEST.to_string()
-            }
-        })
-    } else {
-        desc.media_type.clone()
-    };
+    let media_type = manifest_media_type(&what, &bytes, Some(&desc.media_type))?;
     if spec::is_index(&media_type) {
         if depth >= MAX_DEPTH {
             return Err(OciError::Malformed(format!(

@@ -17,8 +17,13 @@
 //! entries of one multi-platform image). An index (OCI image index or Docker manifest list, nested to any
 //! depth up to 8) is resolved by [`Platform`]: `os/arch[/variant]`, by default `linux/<host arch>`.
 //! In an archive, `REF` matches one of an entry's `RepoTags`.
+//!
+//! The other ways: [`distribution`] pulls an image from a registry; [`export`] writes a strata image as
+//! an OCI layout.
 
 mod archive;
+pub mod distribution;
+pub mod export;
 mod layout;
 pub mod spec;
 pub mod verify;
@@ -72,6 +77,23 @@ pub enum OciError {
     /// Well-formed, but not something strata imports (a media type, a digest algorithm).
     #[error("{0}")]
     Unsupported(String),
+    /// A registry answered a request with an HTTP error status.
+    #[error("registry {registry}: {what}: HTTP {status}{detail}")]
+    Http {
+        registry: String,
+        what: String,
+        status: u16,
+        /// The registry's own error codes and messages, or how to fix it.
+        detail: String,
+    },
+    /// A registry could not be reached, or a transfer broke off.
+    #[error("registry {registry}: {what}: {source}")]
+    Transport {
+        registry: String,
+        what: String,
+        #[source]
+        source: reqwest::Error,
+    },
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -102,15 +124,20 @@ pub enum Source {
         file: PathBuf,
         reference: Option<String>,
     },
+    /// An image in a registry (`docker://HOST[:PORT]/REPO[:TAG|@DIGEST]`).
+    Registry(distribution::RegistryRef),
 }
 
 impl Source {
     /// Parses `oci:DIR[:REF]` or `docker-archive:FILE[:REF]`. As in skopeo, the path ends at its first
     /// `:` (so it cannot hold one) and the rest is the reference: `docker-archive:img.tar:repo:tag`.
     pub fn parse(s: &str) -> Result<Source, OciError> {
+        if let Some(r) = s.strip_prefix("docker://") {
+            return Ok(Source::Registry(distribution::RegistryRef::parse(r)?));
+        }
         let (transport, rest) = s.split_once(':').ok_or_else(|| {
             OciError::Usage(format!(
-                "source {s:?}: expected oci:DIR[:REF] or docker-archive:FILE[:REF]"
+                "source {s:?}: expected oci:DIR[:REF], docker-archive:FILE[:REF] or docker://HOST/REPO[:TAG]"
             ))
         })?;
         let (path, reference) = match rest.split_once(':') {
@@ -218,6 +245,8 @@ enum BlobLoc {
         offset: u64,
         size: u64,
     },
+    /// A blob in a registry, downloaded as it is read.
+    Remote(distribution::RemoteBlob),
 }
 
 impl BlobLoc {
@@ -225,6 +254,7 @@ impl BlobLoc {
         match self {
             BlobLoc::File(p) => p.display().to_string(),
             BlobLoc::Member { archive, name, .. } => format!("{}:{name}", archive.display()),
+            BlobLoc::Remote(r) => r.shown(),
         }
     }
 
@@ -265,6 +295,7 @@ impl BlobLoc {
                     .map_err(|e| OciError::io(archive.display(), e))?;
                 (Box::new(f.take(*size)), *size)
             }
+            BlobLoc::Remote(r) => return r.open(what, expected),
         };
         match expected {
             Some(n) if n != size => Err(OciError::SizeMismatch {
@@ -355,6 +386,11 @@ impl OciLayer {
     pub fn location(&self) -> String {
         self.loc.shown()
     }
+
+    /// True for a blob in a registry (reading it downloads it).
+    pub fn is_remote(&self) -> bool {
+        matches!(self.loc, BlobLoc::Remote(_))
+    }
 }
 
 /// An image found in a source: its layers and configuration.
@@ -371,11 +407,13 @@ pub struct OciImage {
     pub blob_bytes: u64,
 }
 
-/// Opens the image `source` names, for `platform`.
+/// Opens the image `source` names, for `platform` (a registry with default [`distribution::PullOptions`];
+/// [`distribution::open`] takes others).
 pub fn open(source: &Source, platform: &Platform) -> Result<OciImage, OciError> {
     match source {
         Source::Layout { dir, reference } => layout::open(dir, reference.as_deref(), platform),
         Source::DockerArchive { file, reference } => archive::open(file, reference.as_deref()),
+        Source::Registry(r) => distribution::open(r, platform, &Default::default()),
     }
 }
 
@@ -426,6 +464,67 @@ fn assemble(
         });
     }
     Ok((cfg, out))
+}
+
+/// The image a manifest and its verified config describe; `loc` says where each layer blob is (and may
+/// check it is there), given the layer's name for messages, its digest and its descriptor.
+fn image_of(
+    manifest_digest: Sha256Digest,
+    manifest: &spec::ImageManifest,
+    config_digest: Sha256Digest,
+    config_bytes: &[u8],
+    mut loc: impl FnMut(&str, &Sha256Digest, &spec::Descriptor) -> Result<BlobLoc, OciError>,
+) -> Result<OciImage, OciError> {
+    let mut blob_bytes = manifest.config.size;
+    let mut layers = Vec::new();
+    for (i, l) in manifest.layers.iter().enumerate() {
+        let what = format!("layer {}", i + 1);
+        let d = parse_digest(&what, &l.digest)?;
+        blob_bytes += l.size;
+        let at = loc(&what, &d, l)?;
+        layers.push((Some(l.media_type.clone()), Some(d), Some(l.size), at));
+    }
+    let (cfg, layers) = assemble(config_bytes, layers)?;
+    Ok(OciImage {
+        manifest_digest: Some(manifest_digest),
+        config_digest,
+        platform: config_platform(&cfg),
+        config: strata_config(&cfg),
+        layers,
+        blob_bytes,
+    })
+}
+
+/// A manifest's media type: `declared` (the descriptor's, or the registry's `Content-Type`) when
+/// given, else the document's own `mediaType`, else an index if it lists `manifests`, else an image
+/// manifest (older writers leave both out).
+fn manifest_media_type(
+    what: &str,
+    bytes: &[u8],
+    declared: Option<&str>,
+) -> Result<String, OciError> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Probe {
+        #[serde(default)]
+        media_type: Option<String>,
+        #[serde(default)]
+        manifests: Option<serde_json::Value>,
+    }
+    let probe: Probe = parse_json(what, bytes)?;
+    if let Some(d) = declared.filter(|d| !d.is_empty()) {
+        return Ok(d.to_string());
+    }
+    Ok(probe
+        .media_type
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| {
+            if probe.manifests.is_some() {
+                spec::OCI_INDEX.to_string()
+            } else {
+                spec::OCI_MANIFEST.to_string()
+            }
+        }))
 }
 
 /// strata's image config from an OCI config.
@@ -498,7 +597,14 @@ mod tests {
                 reference: Some("repo:tag".into())
             }
         );
-        for bad in ["/a/b", "oci:", "oci::x", "docker:/x", "oci:/a:"] {
+        for bad in [
+            "/a/b",
+            "oci:",
+            "oci::x",
+            "docker:/x",
+            "oci:/a:",
+            "docker://x",
+        ] {
             assert!(Source::parse(bad).is_err(), "{bad}");
         }
     }
