@@ -11,6 +11,40 @@ use std::time::{Duration, Instant};
 
 use crate::{have, Need};
 
+/// A Debian 12 minbase root filesystem made by debootstrap (from the mirror apt uses here), kept in
+/// /var/tmp/strata-tests/minbase across runs; `None` (a recorded skip) when debootstrap is missing or
+/// fails.
+pub fn minbase() -> Option<PathBuf> {
+    static MINBASE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = MINBASE.get_or_init(|| {
+        let root = PathBuf::from("/var/tmp/strata-tests/minbase");
+        let done = root.with_extension("done");
+        if done.exists() {
+            return Ok(root);
+        }
+        let _ = std::fs::remove_dir_all(&root);
+        let o = Command::new("debootstrap")
+            .args(["--variant=minbase", "bookworm"])
+            .arg(&root)
+            .arg("http://deb.debian.org/debian")
+            .output()
+            .map_err(|e| format!("debootstrap: {e}"))?;
+        if !o.status.success() {
+            return Err(String::from_utf8_lossy(&o.stderr).into_owned());
+        }
+        std::fs::write(&done, b"").map_err(|e| e.to_string())?;
+        Ok(root)
+    });
+    let ok = strata_registry::testing::require(
+        "a Debian minbase tree (debootstrap --variant=minbase bookworm, from deb.debian.org)",
+        built.is_ok(),
+    );
+    if let Err(e) = built {
+        eprintln!("debootstrap: {e}");
+    }
+    built.as_ref().ok().filter(|_| ok).cloned()
+}
+
 /// The guest kernel and initramfs, or `None` when the test must skip (no qemu, or the guest could not
 /// be built: `scripts/vm-guest` needs apt's package lists).
 pub fn guest() -> Option<(PathBuf, PathBuf)> {

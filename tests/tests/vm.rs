@@ -1,6 +1,6 @@
 //! MicroVMs for real: `strata vm` through a real stratad, the guest kernel and initramfs scripts/vm-guest
 //! builds from Debian's packages, QEMU's `microvm` machine (KVM when it boots here, TCG otherwise). A
-//! busybox image boots lazily from its drives, runs a command and reads a small part of the image; what
+//! busybox image and a Debian minbase (debootstrap) image boot lazily from their drives, runs a command and reads a small part of the image; what
 //! the VM wrote is packed by `pack_diff --vm` into an image a container starts from, and the reverse; the
 //! store cut while the VM runs gives the guest I/O errors within the daemon's deadline, not a hung VM.
 
@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use strata_tests::proxy::Proxy;
-use strata_tests::vm::{accel, guest, Vm};
+use strata_tests::vm::{accel, guest, minbase, Vm};
 use strata_tests::*;
 
 /// How long a VM may take to boot and run a short command (TCG on a loaded machine is slow).
@@ -68,6 +68,45 @@ fn sandbox(d: &Daemon, id: &str) -> serde_json::Value {
         .find(|s| s["id"] == id)
         .cloned()
         .unwrap_or_else(|| panic!("no sandbox {id} in {ps}"))
+}
+
+#[test]
+fn a_debootstrap_minbase_vm_runs_dpkg_lazily() {
+    if guest().is_none() {
+        return;
+    }
+    let Some(root) = minbase() else {
+        return;
+    };
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    store.ok(&["build", root.to_str().expect("utf8"), "-t", "minbase:v1"]);
+    let d = Daemon::start(&store, &["--no-prefetch"]);
+    let work = scratch("vm");
+    let dir = vm(
+        &d,
+        "minbase:v1",
+        "mb",
+        &work.path().join("mb"),
+        &[
+            "/bin/sh",
+            "-c",
+            "cat /etc/debian_version; dpkg-query -W -f='${Package} ${Status}\\n' coreutils",
+        ],
+    );
+    let (code, console) = run(&dir);
+    assert_eq!(code, 0, "{console}");
+    assert!(
+        console.contains("coreutils install ok installed"),
+        "{console}"
+    );
+    let sb = sandbox(&d, "mb");
+    let (fetched, size) = (
+        sb["fetched_bytes"].as_u64().expect("fetched"),
+        sb["image_bytes"].as_u64().expect("size"),
+    );
+    eprintln!("minbase VM ({}) fetched {fetched} of {size} bytes", accel());
+    assert!(fetched * 4 < size, "fetched {fetched} of {size}");
 }
 
 #[test]
