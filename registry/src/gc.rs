@@ -20,6 +20,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::digest::Digest;
+use crate::index::condemn::sweep_blobs;
 use crate::store::{key, Store, StoreError};
 
 /// What a collection found and did.
@@ -33,12 +34,15 @@ pub struct GcReport {
     pub deleted_bytes: u64,
     /// Unreferenced objects kept because they are younger than the grace period.
     pub young: u64,
+    /// Unreferenced blobs condemned but not deleted yet (see [`crate::index::condemn`]).
+    pub condemned: u64,
     pub dry_run: bool,
     /// Keys deleted (at most the first 1000).
     pub keys: Vec<String>,
 }
 
-const SWEPT: [&str; 6] = ["blobs", "meta", "layers", "manifests", "plans", "oci"];
+/// Swept here; `blobs/` (with `index/` and `condemned/`) is swept by [`sweep_blobs`], in two steps.
+const SWEPT: [&str; 5] = ["meta", "layers", "manifests", "plans", "oci"];
 
 fn mark_image(store: &Store, m: &Digest, live: &mut HashSet<String>) -> Result<(), StoreError> {
     if !live.insert(key::manifest(m)) {
@@ -102,6 +106,17 @@ pub fn collect(
         .checked_sub(grace)
         .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
         .map_or(i64::MIN, |d| d.as_secs() as i64);
+    let blobs = sweep_blobs(store, &live, cutoff, grace.is_zero(), dry_run)?;
+    report.live += blobs.live;
+    report.young += blobs.young;
+    report.condemned = blobs.condemned;
+    for (k, size) in blobs.deleted {
+        report.deleted += 1;
+        report.deleted_bytes += size;
+        if report.keys.len() < 1000 {
+            report.keys.push(k);
+        }
+    }
     for prefix in SWEPT {
         for (k, size, modified) in store.list_info(prefix)? {
             let keep = live.contains(&k) || (prefix == "oci" && oci_record_live(store, &k, &live));
