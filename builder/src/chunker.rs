@@ -4,8 +4,8 @@
 //! through a bounded channel (so memory stays bounded whatever the layer's size). A unit is one chunk of a
 //! large file, or a *group* of small files that will share one zstd frame. Workers read the bytes (from
 //! disk, in parallel, by offset — or from memory for tar streams), digest each chunk, turn all-zero chunks
-//! into holes, skip chunks the parent already stores, and compress. A single collector thread receives the
-//! results, puts them back in source order, drops chunks already placed in this blob, and appends frames
+//! into holes, skip chunks stored already (the parents', or any blob's: [`crate::dedup`]), and compress.
+//! A single collector thread receives the results, puts them back in source order, drops chunks already placed in this blob, and appends frames
 //! to the blob spool while it builds the table of contents. Source order and collector-side dedup make
 //! the blob, and so every digest, reproducible.
 
@@ -91,8 +91,8 @@ pub struct PoolOptions {
     pub threads: usize,
     pub level: i32,
     pub spool_dir: PathBuf,
-    /// Chunks the parent already stores (never compressed or stored again).
-    pub parent: Arc<HashMap<Digest, (usize, u32)>>,
+    /// Chunks stored already (never compressed or stored again).
+    pub known: Arc<crate::dedup::Known>,
     /// Counts bytes of file data processed, for progress.
     pub progress: Arc<AtomicU64>,
 }
@@ -166,7 +166,7 @@ fn classify(
     }
     let d = Digest::of(&data);
     done.refs.push((node, index, Some(d)));
-    if opts.parent.contains_key(&d) {
+    if opts.known.known(&d, data.len() as u64) {
         return None;
     }
     Some((d, data))

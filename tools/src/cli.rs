@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
-use crate::{images, import, layers, node, snapshot, trace, view};
+use crate::{images, import, index, layers, node, snapshot, trace, view};
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
@@ -119,6 +119,9 @@ pub enum Cmd {
     Flatten(snapshot::FlattenArgs),
     /// Delete store objects no tag reaches (older than --grace).
     Gc(images::GcArgs),
+    /// The store-wide chunk index builds deduplicate against.
+    #[command(subcommand)]
+    Index(index::IndexCmd),
     /// Record which chunks a command reads in an image (through stratad), as the image's prefetch plan.
     Trace(trace::TraceArgs),
     /// Write a layer's metadata and uncompressed blob views so the kernel or fsck.erofs can read it.
@@ -208,6 +211,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Flatten(a) => snapshot::flatten(&store, a),
         Cmd::Trace(a) => trace::trace(&store, socket, a),
         Cmd::Gc(a) => images::gc(&store, a),
+        Cmd::Index(c) => index::index(&store, c),
         Cmd::Bundle {
             image,
             sandbox,

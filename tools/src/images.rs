@@ -421,5 +421,11 @@ pub fn gc(store: &Store, a: GcArgs) -> Result<()> {
         r.young,
         a.grace
     );
+    if r.condemned > 0 {
+        println!(
+            "{} unreferenced blobs condemned: a gc at least {} from now deletes them if still unreferenced",
+            r.condemned, a.grace
+        );
+    }
     Ok(())
 }

@@ -40,6 +40,8 @@ pub struct ImportArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    #[command(flatten)]
+    pub dedup: crate::index::DedupArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -76,6 +78,7 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
     if let Some(t) = a.threads {
         opts.threads = t.max(1);
     }
+    a.dedup.apply(&mut opts);
     let tty = std::io::stderr().is_terminal();
     let total = image.layers.len();
     let report = |l: &ImportedLayer| {

@@ -45,6 +45,8 @@ pub struct BuildArgs {
     /// Label KEY=VALUE (repeatable).
     #[arg(long = "label")]
     pub labels: Vec<String>,
+    #[command(flatten)]
+    pub dedup: crate::index::DedupArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -98,6 +100,7 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
         opts.threads = t.max(1);
     }
     add_labels(&mut opts, &a.labels)?;
+    a.dedup.apply(&mut opts);
     for p in &a.parent {
         opts.parents
             .extend(resolve_layers(store, p).with_context(|| format!("parent {p}"))?);
@@ -137,6 +140,7 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
                 "image": image.map(|d| d.to_string()),
                 "tag": tag.map(|t| t.to_string()),
                 "stats": s,
+                "index": built.dedup,
                 "seconds": start.elapsed().as_secs_f64(),
             })
         );

@@ -12,6 +12,7 @@ mod freeze;
 mod holder;
 mod images;
 mod import;
+mod index;
 mod layers;
 mod node;
 mod signals;
