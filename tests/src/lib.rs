@@ -187,7 +187,11 @@ impl StoreEnv {
     pub fn local(dir: &Path) -> StoreEnv {
         StoreEnv {
             url: format!("file://{}", dir.display()),
-            env: Vec::new(),
+            // The store-wide index cache of this test, inside the store (which lists no such prefix).
+            env: vec![(
+                "STRATA_INDEX_CACHE".into(),
+                dir.join(".index-cache").display().to_string(),
+            )],
         }
     }
 
@@ -245,6 +249,8 @@ impl StoreEnv {
 pub struct S3Server {
     child: Child,
     pub port: u16,
+    /// The store-wide index caches of this server's stores.
+    index_cache: tempfile::TempDir,
 }
 
 impl S3Server {
@@ -271,7 +277,11 @@ impl S3Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("start moto");
-        let server = S3Server { child, port };
+        let server = S3Server {
+            child,
+            port,
+            index_cache: scratch("s3-index-cache"),
+        };
         let start = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -310,6 +320,10 @@ impl S3Server {
                 ("AWS_SECRET_ACCESS_KEY".into(), "test".into()),
                 ("AWS_REGION".into(), "us-east-1".into()),
                 ("AWS_ALLOW_HTTP".into(), "true".into()),
+                (
+                    "STRATA_INDEX_CACHE".into(),
+                    self.index_cache.path().display().to_string(),
+                ),
             ],
         }
     }

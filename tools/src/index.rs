@@ -77,7 +77,7 @@ pub fn index(store: &Store, cmd: IndexCmd) -> Result<()> {
             }
         }
     }
-    let path = cache::store_dir(&dir, store.url());
+    let path = cache::store_dir(&dir, store);
     if rebuild && path.exists() {
         std::fs::remove_dir_all(&path)?;
     }

@@ -1,6 +1,7 @@
 //! A builder's local copy of the store-wide chunk index, in RocksDB.
 //!
-//! One database per store (`<cache dir>/<first 16 hex of BLAKE3(store URL)>`), with three kinds of keys:
+//! One database per store (`<cache dir>/<first 16 hex of BLAKE3(store URL [+ S3 endpoint])>`), with three
+//! kinds of keys:
 //!
 //! ```text
 //! 's' blob[32]               → the blob's reference (encode_blob_ref): the segment was synced
@@ -80,9 +81,16 @@ pub fn default_dir() -> PathBuf {
     }
 }
 
-/// The database directory of the store at `url` under the cache directory `dir`.
-pub fn store_dir(dir: &Path, url: &str) -> PathBuf {
-    dir.join(&Digest::of(url.as_bytes()).hex()[..16])
+/// The database directory of `store` under the cache directory `dir`: named by the store's URL and, for
+/// S3, its endpoint (`s3://b/p` on two servers are two stores).
+pub fn store_dir(dir: &Path, store: &Store) -> PathBuf {
+    let mut id = store.url().to_string();
+    if id.starts_with("s3://") {
+        if let Ok(e) = std::env::var("AWS_ENDPOINT_URL").or_else(|_| std::env::var("AWS_ENDPOINT")) {
+            id = format!("{id} {e}");
+        }
+    }
+    dir.join(&Digest::of(id.as_bytes()).hex()[..16])
 }
 
 fn chunk_key(chunk: &Digest, blob: &Digest) -> [u8; 65] {
@@ -186,7 +194,7 @@ impl IndexCache {
 
     /// Syncs the cache of `store` under `dir` with the store, then opens it read-only for lookups.
     pub fn sync_and_open(store: &Store, dir: &Path) -> Result<(IndexCache, SyncReport), IndexError> {
-        let path = store_dir(dir, store.url());
+        let path = store_dir(dir, store);
         let report = match IndexCache::open_rw(&path, LOCK_WAIT)? {
             Some(rw) => rw.sync(store)?,
             None => {

@@ -87,6 +87,11 @@ pub fn sweep_blobs(
         .into_iter()
         .filter_map(|(k, _, m)| Some((hex_of(&k, "condemned")?.to_string(), m)))
         .collect();
+    let mut segments: HashMap<String, (String, u64, i64)> = store
+        .list_info("index")?
+        .into_iter()
+        .filter_map(|(k, size, m)| Some((hex_of(&k, "index")?.to_string(), (k, size, m))))
+        .collect();
     let mut kept: HashSet<String> = HashSet::new();
     let delete = |out: &mut BlobSweep, k: String, size: u64| -> Result<(), StoreError> {
         if !dry_run {
@@ -130,9 +135,8 @@ pub fn sweep_blobs(
             kept.insert(hex);
             continue;
         }
-        let seg = format!("index/{hex}");
-        if !dry_run && store.exists(&seg)? {
-            store.delete(&seg)?;
+        if let Some((seg, seg_size, _)) = segments.remove(&hex) {
+            delete(&mut out, seg, seg_size)?;
         }
         delete(&mut out, k, size)?;
         if !dry_run {
@@ -141,11 +145,12 @@ pub fn sweep_blobs(
         }
         kept.remove(&hex);
     }
-    for (k, size, modified) in store.list_info("index")? {
-        match hex_of(&k, "index") {
-            Some(hex) if kept.contains(hex) => out.live += 1,
-            _ if modified > cutoff => {}
-            _ => delete(&mut out, k, size)?,
+    // Segments of kept blobs stay; a segment without its blob goes once older than the grace period.
+    for (hex, (k, size, modified)) in segments {
+        if kept.contains(&hex) {
+            out.live += 1;
+        } else if modified <= cutoff {
+            delete(&mut out, k, size)?;
         }
     }
     for hex in markers.keys() {

@@ -138,7 +138,7 @@ fn crash_between_segment_and_layer_then_gc() {
     drop(c);
     // A gc a grace period after the condemnation deletes segment, blob and marker.
     let r = crate::gc::collect(&store, grace, false, now + grace).unwrap();
-    assert_eq!(r.deleted, 1, "{r:?}");
+    assert_eq!(r.deleted, 2, "segment and blob: {r:?}");
     assert!(!store.exists(&key::blob(&d)).unwrap());
     assert!(!store.exists(&segment_key(&d)).unwrap());
     assert!(store.list_condemned().unwrap().is_empty());
