@@ -4,9 +4,10 @@
 //! manifest → tag), so a failed or abandoned build, an overwritten tag or a superseded snapshot leaves
 //! objects that nothing names. [`collect`] marks everything reachable from every tag — manifests, their
 //! layers, each layer's metadata (and the metadata a patch is based on) and blobs, the image's prefetch
-//! plan — and deletes the unmarked objects under `blobs/`, `meta/`, `layers/`, `manifests/`, `plans/`
-//! and `oci/` that are older than `grace`. Other prefixes (`tags/`, a local store's `tmp/`) are never
-//! touched.
+//! plan — and deletes the unmarked objects under `meta/`, `layers/`, `manifests/`, `plans/` and `oci/`
+//! that are older than `grace`. Unmarked blobs go in two steps, condemned first and deleted a grace period
+//! later, because builders deduplicate against any blob of the store ([`crate::index::condemn`]); index
+//! segments follow their blobs. Other prefixes (`tags/`, a local store's `tmp/`) are never touched.
 //!
 //! **The grace period** protects work in flight: a build's objects are unreferenced until its tag is
 //! written, so anything younger than `grace` is kept. It must exceed the longest build or `pack_diff`.

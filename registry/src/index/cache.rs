@@ -276,8 +276,27 @@ impl IndexCache {
                 self.pardon(d)?;
             }
         }
+        if r.fetched > 0 {
+            self.settle()?;
+        }
         r.seconds = start.elapsed().as_secs_f64();
         Ok(r)
+    }
+
+    /// Writes what a sync added to table files, and merges them when they pile up: builds open the cache
+    /// for a short sync each, so background compaction alone may not keep up, and lookups would have to
+    /// probe every pile.
+    pub fn settle(&self) -> Result<(), IndexError> {
+        self.db.flush().map_err(|e| Self::err(&self.path, e))?;
+        let l0 = self
+            .db
+            .property_int_value("rocksdb.num-files-at-level0")
+            .map_err(|e| Self::err(&self.path, e))?
+            .unwrap_or(0);
+        if l0 > 8 {
+            self.db.compact_range::<&[u8], &[u8]>(None, None);
+        }
+        Ok(())
     }
 
     /// Where chunk `d` lies, in every blob not known to be dead, in blob digest order.
