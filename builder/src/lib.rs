@@ -18,6 +18,7 @@ pub use error::BuildError;
 pub mod build;
 pub mod chunker;
 pub mod chunkmap;
+pub mod compact;
 pub mod dedup;
 mod devices;
 pub mod flatten;

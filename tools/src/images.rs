@@ -379,6 +379,8 @@ pub struct GcArgs {
     /// Report what would be deleted; delete nothing.
     #[arg(long)]
     pub dry_run: bool,
+    #[command(flatten)]
+    pub compact: crate::compact::CompactArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -406,10 +408,18 @@ fn parse_duration(s: &str) -> Result<std::time::Duration> {
 /// `strata gc`.
 pub fn gc(store: &Store, a: GcArgs) -> Result<()> {
     let grace = parse_duration(&a.grace)?;
+    let compacted = a.compact.run(store, a.dry_run)?;
     let r = strata_registry::gc::collect(store, grace, a.dry_run, std::time::SystemTime::now())?;
     if a.json {
-        println!("{}", serde_json::to_string(&r)?);
+        let mut v = serde_json::to_value(&r)?;
+        if let Some(c) = &compacted {
+            v["compact"] = serde_json::to_value(c)?;
+        }
+        println!("{v}");
         return Ok(());
+    }
+    if let Some(c) = &compacted {
+        println!("{}", crate::compact::summary(c));
     }
     let verb = if a.dry_run { "would delete" } else { "deleted" };
     println!(

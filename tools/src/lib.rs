@@ -6,6 +6,7 @@
 //! documented in `docs/CLI.md` and come from [`exit::code`].
 
 pub mod cli;
+mod compact;
 pub mod daemon;
 mod exit;
 mod freeze;
