@@ -16,8 +16,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use strata_registry::digest::Digest;
-use strata_registry::model::{LayerDescriptor, LayerKind, LayerStats, ObjectRef, SCHEMA};
 use strata_registry::index::Segment;
+use strata_registry::model::{LayerDescriptor, LayerKind, LayerStats, ObjectRef, SCHEMA};
 use strata_registry::store::Store;
 
 use crate::chunker::{ChunkData, Pool, PoolOptions, Unit};

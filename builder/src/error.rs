@@ -40,7 +40,9 @@ pub enum BuildError {
     #[error("store-wide index: {0}")]
     Index(#[from] strata_registry::index::IndexError),
     #[error("blob {blob}, which this build deduplicated against, was condemned or deleted by gc meanwhile; nothing was written: build again (the index cache now skips it)")]
-    BlobGone { blob: strata_registry::digest::Digest },
+    BlobGone {
+        blob: strata_registry::digest::Digest,
+    },
 }
 
 impl BuildError {

@@ -97,7 +97,8 @@ fn main() {
                 .expect("not locked");
             let mut first = 0;
             while first < n {
-                rw.add(&segment(first, SEGMENT.min(n - first))).expect("add");
+                rw.add(&segment(first, SEGMENT.min(n - first)))
+                    .expect("add");
                 first += SEGMENT;
             }
             rw.settle().expect("settle");

@@ -25,12 +25,16 @@ fn write_version(root: &Path, v: u32) {
     let _ = std::fs::remove_dir_all(root);
     std::fs::create_dir_all(root.join("pkgs")).expect("mkdir");
     for i in 0..30u32 {
-        if (i + v) % 6 == 0 {
+        if (i + v).is_multiple_of(6) {
             continue;
         }
         let size = 60_000 + (i as usize * 37_001) % 400_000;
         let seed = i * 1000 + (v + i) / 3;
-        std::fs::write(root.join(format!("pkgs/f{i}.deb")), random_bytes(size, seed)).expect("write");
+        std::fs::write(
+            root.join(format!("pkgs/f{i}.deb")),
+            random_bytes(size, seed),
+        )
+        .expect("write");
     }
     std::fs::write(root.join("VERSION"), format!("v{v}\n")).expect("write");
 }
@@ -91,23 +95,35 @@ fn compacts(store: &StoreEnv) {
     let c = &out["compact"];
     assert!(c["compacted"].as_u64().expect("compacted") >= 1, "{out}");
     assert_eq!(c["tags_moved"], 1, "{out}");
-    assert_eq!(out["deleted"], 0, "nothing is deleted within the grace period: {out}");
+    assert_eq!(
+        out["deleted"], 0,
+        "nothing is deleted within the grace period: {out}"
+    );
     let insp = json(&store.ok(&["inspect", "base:latest", "--json"]));
-    assert_ne!(insp["digest"], old_manifest, "the tag moved to the new manifest");
+    assert_ne!(
+        insp["digest"], old_manifest,
+        "the tag moved to the new manifest"
+    );
     reads_the_same(store, "base:latest", &files);
 
     // The node's sandbox on the old layers reads everything, uncached chunks included.
     if let Some((d, rootfs)) = &node {
         let got = files_of(Path::new(rootfs));
         assert_eq!(got.len(), files.len());
-        assert!(got == files, "the old sandbox reads differently after compaction");
+        assert!(
+            got == files,
+            "the old sandbox reads differently after compaction"
+        );
         let fresh = d.ok(&["mount", "base:latest", "--sandbox", "new"]);
         assert!(files_of(Path::new(&fresh)) == files);
     }
     drop(node);
 
     // The re-pointed layer is a valid EROFS image that reads the tree.
-    let layer = insp["layers"][0]["digest"].as_str().expect("layer").to_string();
+    let layer = insp["layers"][0]["digest"]
+        .as_str()
+        .expect("layer")
+        .to_string();
     if have(&[Need::ErofsUtils]) {
         let m = scratch("compact-mat");
         store.ok(&["materialize", &layer, m.path().to_str().expect("utf8")]);
@@ -123,7 +139,10 @@ fn compacts(store: &StoreEnv) {
             .expect("mount");
             let got = files_of(mnt.path());
             let _ = strata_fs::mount::unmount(mnt.path(), false);
-            assert!(got == files, "the kernel reads the re-pointed layer differently");
+            assert!(
+                got == files,
+                "the kernel reads the re-pointed layer differently"
+            );
         }
     }
 
@@ -134,7 +153,10 @@ fn compacts(store: &StoreEnv) {
     let fresh = StoreEnv::local(fresh_dir.path());
     fresh.ok(&["build", r]);
     let live = store_blob_bytes(&fresh);
-    assert!(after < before, "compaction reclaimed nothing: {before} -> {after}");
+    assert!(
+        after < before,
+        "compaction reclaimed nothing: {before} -> {after}"
+    );
     assert!(
         (after as f64) <= 1.3 * live as f64,
         "store blobs {after} vs live data {live} (before compaction {before})"

@@ -60,7 +60,10 @@ fn same_tree_twice(store: &StoreEnv) {
     let added = store_bytes(store) - after_first;
     assert_eq!(second["stats"]["new_bytes"], 0, "{second}");
     assert_eq!(second["index"]["foreign_blobs"], 1, "{second}");
-    assert!(added * 100 < after_first, "second build added {added} of {after_first}");
+    assert!(
+        added * 100 < after_first,
+        "second build added {added} of {after_first}"
+    );
 
     // The same tree as a tar stream: its metadata may differ (tar's own directory entries), its data not.
     let tar = Command::new("tar")
@@ -69,12 +72,22 @@ fn same_tree_twice(store: &StoreEnv) {
         .expect("tar");
     assert!(tar.status.success());
     let before = store_bytes(store);
-    let out = store.run_with_stdin(&["build", "--tar", "-", "-t", "t:3", "--json"], Some(&tar.stdout));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = store.run_with_stdin(
+        &["build", "--tar", "-", "-t", "t:3", "--json"],
+        Some(&tar.stdout),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let third = json(&String::from_utf8_lossy(&out.stdout));
     let added = store_bytes(store) - before;
     assert_eq!(third["stats"]["new_bytes"], 0, "{third}");
-    assert!(added * 100 < after_first, "tar build added {added} of {after_first}");
+    assert!(
+        added * 100 < after_first,
+        "tar build added {added} of {after_first}"
+    );
 
     for t in ["t:1", "t:2", "t:3"] {
         assert_eq!(store.ok(&["cat", t, "/usr/lib/git/VERSION"]), "git 4");
@@ -98,18 +111,35 @@ fn two_bases(store: &StoreEnv) {
     let pb = b.path().to_str().expect("utf8");
     let ba = build(store, &[pa, "-t", "base-a:1"]);
     let bb = build(store, &[pb, "-t", "base-b:1"]);
-    let own: u64 = (0..5).map(|i| 50_000 + (i * 170_003) % 1_500_000).sum::<usize>() as u64;
+    let own: u64 = (0..5)
+        .map(|i| 50_000 + (i * 170_003) % 1_500_000)
+        .sum::<usize>() as u64;
     let new_b = bb["stats"]["new_bytes"].as_u64().expect("new");
-    assert!(new_b < own + 4096, "base b stored {new_b}, its own packages are {own}: {bb}");
+    assert!(
+        new_b < own + 4096,
+        "base b stored {new_b}, its own packages are {own}: {bb}"
+    );
     assert!(ba["stats"]["new_bytes"].as_u64().expect("new") > 2 * own);
     assert_eq!(bb["index"]["foreign_blobs"], 1, "{bb}");
     let layer = bb["digest"].as_str().expect("digest");
     let insp = json(&store.ok(&["inspect", layer, "--json"]));
     assert_eq!(insp["blobs"].as_array().map(Vec::len), Some(2), "{insp}");
     for (t, f, want) in [
-        ("base-b:1", "/usr/lib/openssl/f4.so", random_bytes(50_000 + 4 * 170_003, 10204)),
-        ("base-b:1", "/usr/lib/dnf/f1.so", random_bytes(50_000 + 170_003, 12001)),
-        ("base-a:1", "/usr/lib/apt/f1.so", random_bytes(50_000 + 170_003, 11001)),
+        (
+            "base-b:1",
+            "/usr/lib/openssl/f4.so",
+            random_bytes(50_000 + 4 * 170_003, 10204),
+        ),
+        (
+            "base-b:1",
+            "/usr/lib/dnf/f1.so",
+            random_bytes(50_000 + 170_003, 12001),
+        ),
+        (
+            "base-a:1",
+            "/usr/lib/apt/f1.so",
+            random_bytes(50_000 + 170_003, 11001),
+        ),
     ] {
         assert_eq!(store.run(&["cat", t, f]).stdout, want, "{t} {f}");
     }
@@ -194,15 +224,19 @@ fn build_against_a_blob_gc_condemns_meanwhile() {
         strata_builder::source::dir::walk_dir(src.path(), sink)?;
         // gc runs while the build reads its source: the blob is old enough to be condemned.
         let later = SystemTime::now() + Duration::from_secs(7200);
-        let r = strata_registry::gc::collect(&s, Duration::from_secs(3600), false, later)
-            .expect("gc");
+        let r =
+            strata_registry::gc::collect(&s, Duration::from_secs(3600), false, later).expect("gc");
         assert_eq!(r.condemned, 1, "{r:?}");
         Ok(())
     })
     .expect_err("a layer on a condemned blob");
     assert!(matches!(err, BuildError::BlobGone { .. }), "{err}");
     // gc deleted the untagged first layer; the failed build wrote none.
-    assert_eq!(s.list("layers").expect("list").len(), 0, "the failed build wrote a layer");
+    assert_eq!(
+        s.list("layers").expect("list").len(),
+        0,
+        "the failed build wrote a layer"
+    );
     let again = strata_builder::build_with(&s, opts, |sink| {
         strata_builder::source::dir::walk_dir(src.path(), sink)
     })

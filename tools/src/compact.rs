@@ -29,7 +29,10 @@ impl CompactArgs {
             return Err(Usage(format!("--min-live {} must be from 0 to 1", self.min_live)).into());
         }
         if dry_run {
-            return Err(Usage("--compact writes new objects and moves tags: not with --dry-run".into()).into());
+            return Err(Usage(
+                "--compact writes new objects and moves tags: not with --dry-run".into(),
+            )
+            .into());
         }
         Ok(Some(compact(store, self.min_live, 3)?))
     }

@@ -85,10 +85,7 @@ impl Writer {
     }
 
     fn add(&mut self, c: &ChunkEntry, bytes: &[u8]) -> Result<(), BuildError> {
-        let entry = |frame_offset: u32| ChunkEntry {
-            frame_offset,
-            ..*c
-        };
+        let entry = |frame_offset: u32| ChunkEntry { frame_offset, ..*c };
         if bytes.len() >= GROUP_FILE_MAX {
             self.flush_group()?;
             return self.frame(bytes, vec![(c.block, entry(0))]);

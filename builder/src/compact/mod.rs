@@ -61,7 +61,11 @@ pub struct CompactReport {
 type LiveBlocks = HashMap<Digest, (BlobRef, HashSet<u32>)>;
 
 /// The view blocks of each blob that `layer`'s chunk indexes name.
-fn mark_layer(store: &Store, layer: &LayerDescriptor, live: &mut LiveBlocks) -> Result<(), BuildError> {
+fn mark_layer(
+    store: &Store,
+    layer: &LayerDescriptor,
+    live: &mut LiveBlocks,
+) -> Result<(), BuildError> {
     let image = ErofsImage::parse(store.get_meta(&layer.meta.digest)?)?;
     let bytes = image.bytes();
     for (offset, count) in chunk_tables(&image)? {

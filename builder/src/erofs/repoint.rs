@@ -53,7 +53,10 @@ pub fn chunk_tables(image: &ErofsImage) -> Result<Vec<(u64, u64)>, ErofsError> {
 /// The image with the devices in `replace` (by device id, 1-based) re-pointed. A chunk index naming a
 /// replaced device at a block the replacement does not map is an error (the compaction missed a live
 /// chunk): nothing is written then.
-pub fn repoint(image: &ErofsImage, replace: &HashMap<u16, Replacement<'_>>) -> Result<Vec<u8>, ErofsError> {
+pub fn repoint(
+    image: &ErofsImage,
+    replace: &HashMap<u16, Replacement<'_>>,
+) -> Result<Vec<u8>, ErofsError> {
     let mut img = image.bytes().to_vec();
     let tables = chunk_tables(image)?;
     for (offset, count) in tables {

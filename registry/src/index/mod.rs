@@ -135,7 +135,9 @@ impl Segment {
             return Err(bad("TOC does not match its digest"));
         }
         let toc = Toc::decode(toc_bytes).map_err(|e| bad(&e.to_string()))?;
-        let consistent = blob.toc_offset.checked_add(blob.toc_len + FOOTER_LEN as u64)
+        let consistent = blob
+            .toc_offset
+            .checked_add(blob.toc_len + FOOTER_LEN as u64)
             == Some(blob.size)
             && blob.view_size == toc.view_size()
             && blob.chunks == toc.chunks.len() as u64;

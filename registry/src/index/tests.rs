@@ -100,7 +100,12 @@ fn cache_syncs_incrementally_and_survives_reopen() {
     store.put_segment(&b).unwrap();
     let (c, r) = IndexCache::sync_and_open(&store, &cache).unwrap();
     assert_eq!((r.segments, r.fetched), (2, 1));
-    let mut hits: Vec<_> = c.lookup(&chunk(2)).unwrap().iter().map(|h| h.blob).collect();
+    let mut hits: Vec<_> = c
+        .lookup(&chunk(2))
+        .unwrap()
+        .iter()
+        .map(|h| h.blob)
+        .collect();
     hits.sort_by_key(|d| d.0);
     let mut want = vec![a.blob.digest, b.blob.digest];
     want.sort_by_key(|d| d.0);
@@ -134,7 +139,10 @@ fn crash_between_segment_and_layer_then_gc() {
     assert!(store.is_condemned(&d).unwrap() && !store.blob_usable(&d).unwrap());
     let (c, r) = IndexCache::sync_and_open(&store, &cache).unwrap();
     assert_eq!(r.dead, 1);
-    assert!(c.lookup(&chunk(5)).unwrap().is_empty(), "condemned blob still offered");
+    assert!(
+        c.lookup(&chunk(5)).unwrap().is_empty(),
+        "condemned blob still offered"
+    );
     drop(c);
     // A gc a grace period after the condemnation deletes segment, blob and marker.
     let r = crate::gc::collect(&store, grace, false, now + grace).unwrap();
