@@ -211,11 +211,77 @@ fn work(unit: Unit, seq: u64, opts: &PoolOptions) -> Result<Done, BuildError> {
     Ok(done)
 }
 
-struct Collector {
-    spool: PathBuf,
+/// A blob being written to a spool file, digested as it goes: frames, then [`BlobSpool::seal`] appends the
+/// table of contents and the footer. Builds and compaction write blobs through it.
+pub struct BlobSpool {
+    pub path: PathBuf,
     file: std::io::BufWriter<File>,
     hasher: Hasher,
-    offset: u64,
+    /// Bytes written so far (the offset of the next frame).
+    pub offset: u64,
+}
+
+impl BlobSpool {
+    /// A new spool file in `dir`, named after `label`, the process and the time.
+    pub fn create(dir: &Path, label: &str) -> Result<BlobSpool, BuildError> {
+        let name = format!(
+            "{label}-{}-{}.tmp",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        );
+        let path = dir.join(name);
+        let f = File::create(&path).map_err(|e| BuildError::io(&path, e))?;
+        Ok(BlobSpool {
+            path,
+            file: std::io::BufWriter::with_capacity(1 << 20, f),
+            hasher: Hasher::new(),
+            offset: 0,
+        })
+    }
+
+    /// Appends bytes.
+    pub fn write(&mut self, b: &[u8]) -> Result<(), BuildError> {
+        self.file
+            .write_all(b)
+            .map_err(|e| BuildError::io(&self.path, e))?;
+        self.hasher.update(b);
+        self.offset += b.len() as u64;
+        Ok(())
+    }
+
+    /// Appends `toc` and the footer and syncs the file; returns the blob's digest, size and footer.
+    pub fn seal(mut self, toc: &Toc) -> Result<(Digest, u64, Footer), BuildError> {
+        let toc_bytes = toc.encode();
+        let footer = Footer {
+            toc_offset: self.offset,
+            toc_len: toc_bytes.len() as u64,
+            toc_digest: Digest::of(&toc_bytes),
+        };
+        self.write(&toc_bytes)?;
+        self.write(&footer.encode())?;
+        self.file
+            .flush()
+            .map_err(|e| BuildError::io(&self.path, e))?;
+        let file = self
+            .file
+            .into_inner()
+            .map_err(|e| BuildError::io(&self.path, e.into_error()))?;
+        file.sync_all().map_err(|e| BuildError::io(&self.path, e))?;
+        Ok((self.hasher.finish(), self.offset, footer))
+    }
+
+    /// Deletes the spool file (a failed or empty blob).
+    pub fn discard(self) {
+        drop(self.file);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+struct Collector {
+    out: BlobSpool,
     toc: Toc,
     placed: HashMap<Digest, u32>,
     next_block: u64,
@@ -224,15 +290,6 @@ struct Collector {
 }
 
 impl Collector {
-    fn write(&mut self, b: &[u8]) -> Result<(), BuildError> {
-        self.file
-            .write_all(b)
-            .map_err(|e| BuildError::io(&self.spool, e))?;
-        self.hasher.update(b);
-        self.offset += b.len() as u64;
-        Ok(())
-    }
-
     fn take(&mut self, done: Done) -> Result<(), BuildError> {
         self.refs.extend(done.refs);
         for f in done.frames {
@@ -241,11 +298,11 @@ impl Collector {
             }
             let index = self.toc.frames.len() as u32;
             self.toc.frames.push(Frame {
-                offset: self.offset,
+                offset: self.out.offset,
                 compressed: f.compressed.len() as u32,
                 uncompressed: f.uncompressed,
             });
-            self.write(&f.compressed)?;
+            self.out.write(&f.compressed)?;
             for (d, len, frame_offset) in f.chunks {
                 if self.placed.contains_key(&d) {
                     continue;
@@ -270,8 +327,7 @@ impl Collector {
     fn finish(mut self) -> Result<Packed, BuildError> {
         let new_chunks = self.toc.chunks.len() as u64;
         if new_chunks == 0 {
-            drop(self.file);
-            let _ = std::fs::remove_file(&self.spool);
+            self.out.discard();
             return Ok(Packed {
                 blob: None,
                 placed: self.placed,
@@ -281,28 +337,13 @@ impl Collector {
             });
         }
         self.toc.view_blocks = self.next_block;
-        let toc_bytes = self.toc.encode();
-        let footer = Footer {
-            toc_offset: self.offset,
-            toc_len: toc_bytes.len() as u64,
-            toc_digest: Digest::of(&toc_bytes),
-        };
-        self.write(&toc_bytes)?;
-        self.write(&footer.encode())?;
-        self.file
-            .flush()
-            .map_err(|e| BuildError::io(&self.spool, e))?;
-        let file = self
-            .file
-            .into_inner()
-            .map_err(|e| BuildError::io(&self.spool, e.into_error()))?;
-        file.sync_all()
-            .map_err(|e| BuildError::io(&self.spool, e))?;
+        let spool = self.out.path.clone();
+        let (digest, size, footer) = self.out.seal(&self.toc)?;
         Ok(Packed {
             blob: Some(BlobOut {
-                spool: self.spool,
-                digest: self.hasher.finish(),
-                size: self.offset,
+                spool,
+                digest,
+                size,
                 toc: self.toc,
                 footer,
             }),
@@ -312,20 +353,6 @@ impl Collector {
             new_bytes: self.new_bytes,
         })
     }
-}
-
-fn spool_file(dir: &Path) -> Result<(PathBuf, File), BuildError> {
-    let name = format!(
-        "blob-{}-{}.tmp",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    );
-    let path = dir.join(name);
-    let f = File::create(&path).map_err(|e| BuildError::io(&path, e))?;
-    Ok((path, f))
 }
 
 impl Pool {
@@ -362,15 +389,12 @@ impl Pool {
             workers.push(h);
         }
         drop(done_tx);
-        let (spool, file) = spool_file(&opts.spool_dir)?;
+        let out = BlobSpool::create(&opts.spool_dir, "blob")?;
         let collector = std::thread::Builder::new()
             .name("strata-collect".into())
             .spawn(move || {
                 let mut c = Collector {
-                    spool,
-                    file: std::io::BufWriter::with_capacity(1 << 20, file),
-                    hasher: Hasher::new(),
-                    offset: 0,
+                    out,
                     toc: Toc::default(),
                     placed: HashMap::new(),
                     next_block: 0,
@@ -392,7 +416,7 @@ impl Pool {
                 match result {
                     Ok(()) => c.finish(),
                     Err(e) => {
-                        let _ = std::fs::remove_file(&c.spool);
+                        c.out.discard();
                         Err(e)
                     }
                 }

@@ -119,14 +119,7 @@ impl<'a> Devices<'a> {
     pub fn slots(&self) -> Vec<DeviceSlot> {
         self.blobs
             .iter()
-            .map(|b| {
-                let mut tag = [0u8; 64];
-                tag.copy_from_slice(b.digest.hex().as_bytes());
-                DeviceSlot {
-                    tag,
-                    blocks: (b.view_size / 4096) as u32,
-                }
-            })
+            .map(|b| DeviceSlot::for_blob(&b.digest, (b.view_size / 4096) as u32))
             .collect()
     }
 

@@ -641,6 +641,46 @@ pub fn fsck_erofs(dir: &Path) -> Output {
         .expect("run fsck.erofs (apt-get install erofs-utils)")
 }
 
+/// A materialized layer mounted by the kernel (file-backed EROFS, one device per blob); unmounted on drop.
+pub struct KernelMount {
+    pub target: PathBuf,
+}
+
+impl KernelMount {
+    /// Mounts the layer materialized in `dir` (`strata materialize`) at `target`.
+    pub fn new(dir: &Path, target: &Path) -> KernelMount {
+        std::fs::create_dir_all(target).expect("mountpoint");
+        strata_fs::mount::mount_erofs(&dir.join("meta.erofs"), &materialized_devices(dir), target)
+            .expect("kernel EROFS mount");
+        KernelMount {
+            target: target.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for KernelMount {
+    fn drop(&mut self) {
+        let _ = strata_fs::mount::unmount(&self.target, true);
+    }
+}
+
+/// `strata materialize LAYER` into a scratch directory, checked by `fsck.erofs`; `None` (skipped) without
+/// erofs-utils.
+pub fn materialize_checked(store: &StoreEnv, layer: &str) -> Option<tempfile::TempDir> {
+    if !have(&[Need::ErofsUtils]) {
+        return None;
+    }
+    let m = scratch("materialized");
+    store.ok(&["materialize", layer, m.path().to_str().expect("utf8")]);
+    let o = fsck_erofs(m.path());
+    assert!(
+        o.status.success(),
+        "fsck.erofs of {layer}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Some(m)
+}
+
 /// The device files of a materialized layer, in device order.
 pub fn materialized_devices(dir: &Path) -> Vec<PathBuf> {
     let mut devs: Vec<PathBuf> = std::fs::read_dir(dir.join("devices"))

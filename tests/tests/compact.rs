@@ -124,23 +124,12 @@ fn compacts(store: &StoreEnv) {
         .as_str()
         .expect("layer")
         .to_string();
-    if have(&[Need::ErofsUtils]) {
-        let m = scratch("compact-mat");
-        store.ok(&["materialize", &layer, m.path().to_str().expect("utf8")]);
-        let o = fsck_erofs(m.path());
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    if let Some(m) = materialize_checked(store, &layer) {
         if have(&[Need::KernelErofs]) {
             let mnt = scratch("compact-mnt");
-            strata_fs::mount::mount_erofs(
-                &m.path().join("meta.erofs"),
-                &materialized_devices(m.path()),
-                mnt.path(),
-            )
-            .expect("mount");
-            let got = files_of(mnt.path());
-            let _ = strata_fs::mount::unmount(mnt.path(), false);
+            let _mounted = KernelMount::new(m.path(), mnt.path());
             assert!(
-                got == files,
+                files_of(mnt.path()) == files,
                 "the kernel reads the re-pointed layer differently"
             );
         }

@@ -144,22 +144,12 @@ fn two_bases(store: &StoreEnv) {
         assert_eq!(store.run(&["cat", t, f]).stdout, want, "{t} {f}");
     }
     // The two-device layer is a valid EROFS image that reads back the tree (fsck, kernel mount).
-    if have(&[Need::ErofsUtils]) {
-        let m = scratch("dedup-mat");
-        store.ok(&["materialize", layer, m.path().to_str().expect("utf8")]);
-        let o = fsck_erofs(m.path());
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    if let Some(m) = materialize_checked(store, layer) {
         assert_eq!(materialized_devices(m.path()).len(), 2);
         if have(&[Need::KernelErofs]) {
             let mnt = scratch("dedup-mnt");
-            strata_fs::mount::mount_erofs(
-                &m.path().join("meta.erofs"),
-                &materialized_devices(m.path()),
-                mnt.path(),
-            )
-            .expect("mount");
+            let _mounted = KernelMount::new(m.path(), mnt.path());
             let diffs = diff(&snapshot(b.path()), &snapshot(mnt.path()));
-            let _ = strata_fs::mount::unmount(mnt.path(), false);
             assert!(diffs.is_empty(), "{diffs:?}");
         }
     }

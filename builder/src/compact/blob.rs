@@ -7,17 +7,15 @@
 //! index segment; the caller gets the old-block → new-block map that re-points the metadata.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use strata_registry::blobread::BlobReader;
-use strata_registry::digest::{Digest, Hasher};
 use strata_registry::index::Segment;
 use strata_registry::model::BlobRef;
 use strata_registry::store::Store;
-use strata_registry::toc::{self, ChunkEntry, Footer, Frame, Toc, BLOCK_SIZE};
+use strata_registry::toc::{self, ChunkEntry, Frame, Toc, BLOCK_SIZE};
 
+use crate::chunker::BlobSpool;
 use crate::error::BuildError;
 
 const GROUP_FILE_MAX: usize = 64 << 10;
@@ -31,10 +29,7 @@ pub struct Rewritten {
 }
 
 struct Writer {
-    path: PathBuf,
-    file: BufWriter<File>,
-    hasher: Hasher,
-    offset: u64,
+    out: BlobSpool,
     toc: Toc,
     level: i32,
     /// Chunks waiting to share a frame: (old block, entry with its offset in `group`).
@@ -44,25 +39,16 @@ struct Writer {
 }
 
 impl Writer {
-    fn write(&mut self, b: &[u8]) -> Result<(), BuildError> {
-        self.file
-            .write_all(b)
-            .map_err(|e| BuildError::io(&self.path, e))?;
-        self.hasher.update(b);
-        self.offset += b.len() as u64;
-        Ok(())
-    }
-
     /// Writes `data` as one frame holding `chunks` (old block, entry with `frame_offset` set).
     fn frame(&mut self, data: &[u8], chunks: Vec<(u32, ChunkEntry)>) -> Result<(), BuildError> {
         let z = toc::compress(data, self.level);
         let index = self.toc.frames.len() as u32;
         self.toc.frames.push(Frame {
-            offset: self.offset,
+            offset: self.out.offset,
             compressed: z.len() as u32,
             uncompressed: data.len() as u32,
         });
-        self.write(&z)?;
+        self.out.write(&z)?;
         for (old, mut c) in chunks {
             let block = u32::try_from(self.toc.view_blocks)
                 .map_err(|_| BuildError::Option("blob view larger than 16 TiB".into()))?;
@@ -110,79 +96,68 @@ pub fn rewrite(
     spool: &Path,
 ) -> Result<Rewritten, BuildError> {
     let reader = BlobReader::open(store, old)?;
-    let path = spool.join(format!(
-        "compact-{}-{}.tmp",
-        std::process::id(),
-        old.digest.short()
-    ));
-    let file = File::create(&path).map_err(|e| BuildError::io(&path, e))?;
     let mut w = Writer {
-        path: path.clone(),
-        file: BufWriter::with_capacity(1 << 20, file),
-        hasher: Hasher::new(),
-        offset: 0,
+        out: BlobSpool::create(spool, "compact")?,
         toc: Toc::default(),
         level,
         pending: Vec::new(),
         group: Vec::new(),
         blocks: HashMap::new(),
     };
-    let result = (|| {
-        let chunks = &reader.toc.chunks;
-        let mut i = 0;
-        while i < chunks.len() {
-            if !live.contains(&chunks[i].block) {
-                i += 1;
-                continue;
-            }
-            let mut j = i;
-            while j < chunks.len() && live.contains(&chunks[j].block) {
-                j += 1;
-            }
-            let mut failed = None;
-            reader.for_each_chunk(i..j, |c, bytes| {
-                if let Err(e) = w.add(c, bytes) {
-                    failed = Some(e);
-                }
-                Ok(())
-            })?;
-            if let Some(e) = failed {
-                return Err(e);
-            }
-            i = j;
-        }
-        w.flush_group()?;
-        seal(store, w)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&path);
+    let copied = copy_live(&reader, live, &mut w).and_then(|()| w.flush_group());
+    if let Err(e) = copied {
+        w.out.discard();
+        return Err(e);
     }
-    result
+    seal(store, w)
+}
+
+/// Feeds the live chunks of `reader`'s blob to `w`, in runs of consecutive live chunks.
+fn copy_live(
+    reader: &BlobReader<'_>,
+    live: &HashSet<u32>,
+    w: &mut Writer,
+) -> Result<(), BuildError> {
+    let chunks = &reader.toc.chunks;
+    let mut i = 0;
+    while i < chunks.len() {
+        if !live.contains(&chunks[i].block) {
+            i += 1;
+            continue;
+        }
+        let mut j = i;
+        while j < chunks.len() && live.contains(&chunks[j].block) {
+            j += 1;
+        }
+        let mut failed = None;
+        reader.for_each_chunk(i..j, |c, bytes| {
+            if failed.is_none() {
+                failed = w.add(c, bytes).err();
+            }
+            Ok(())
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        i = j;
+    }
+    Ok(())
 }
 
 /// Writes the TOC and footer, stores the blob and its segment.
-fn seal(store: &Store, mut w: Writer) -> Result<Rewritten, BuildError> {
-    let toc_bytes = w.toc.encode();
-    let footer = Footer {
-        toc_offset: w.offset,
-        toc_len: toc_bytes.len() as u64,
-        toc_digest: Digest::of(&toc_bytes),
-    };
-    w.write(&toc_bytes)?;
-    w.write(&footer.encode())?;
-    w.file.flush().map_err(|e| BuildError::io(&w.path, e))?;
-    let digest = w.hasher.finish();
+fn seal(store: &Store, w: Writer) -> Result<Rewritten, BuildError> {
+    let path = w.out.path.clone();
+    let (digest, size, footer) = w.out.seal(&w.toc)?;
     let blob = BlobRef {
         digest,
-        size: w.offset,
+        size,
         view_size: w.toc.view_size(),
         toc_offset: footer.toc_offset,
         toc_len: footer.toc_len,
         toc_digest: footer.toc_digest,
         chunks: w.toc.chunks.len() as u64,
     };
-    drop(w.file);
-    store.put_blob_file(&digest, &w.path)?;
+    store.put_blob_file(&digest, &path)?;
     store.put_segment(&Segment {
         blob: blob.clone(),
         toc: w.toc,

@@ -209,17 +209,12 @@ fn repoint_layer(
         let Some(r) = rewritten.get(&b.digest) else {
             continue;
         };
-        let mut tag = [0u8; 64];
-        tag.copy_from_slice(r.blob.digest.hex().as_bytes());
         let device = u16::try_from(i + 1)
             .map_err(|_| BuildError::Option("more than 65535 devices".into()))?;
         replace.insert(
             device,
             Replacement {
-                slot: DeviceSlot {
-                    tag,
-                    blocks: (r.blob.view_size / 4096) as u32,
-                },
+                slot: DeviceSlot::for_blob(&r.blob.digest, (r.blob.view_size / 4096) as u32),
                 blocks: &r.blocks,
             },
         );
