@@ -15,12 +15,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use strata_registry::blobread::BlobReader;
 use strata_registry::digest::Digest;
 use strata_registry::index::Segment;
 use strata_registry::model::{LayerDescriptor, LayerKind, LayerStats, ObjectRef, SCHEMA};
 use strata_registry::store::Store;
 
 use crate::chunker::{ChunkData, Pool, PoolOptions, Unit};
+use crate::compact::blob::for_each_live_chunk;
 use crate::dedup::{DedupReport, Known};
 use crate::devices::Devices;
 use crate::erofs;
@@ -67,6 +69,8 @@ pub struct BuildOptions {
     pub index: Option<PathBuf>,
     /// Cap on the foreign blobs (neither new nor a parent's) the layer references.
     pub max_foreign_blobs: usize,
+    /// A foreign blob giving the layer fewer bytes than this is not referenced: its chunks are copied.
+    pub min_foreign_bytes: u64,
 }
 
 /// See [`BuildOptions::keep_whiteout`].
@@ -89,6 +93,7 @@ impl BuildOptions {
             keep_whiteout: None,
             index: None,
             max_foreign_blobs: crate::dedup::MAX_FOREIGN_BLOBS,
+            min_foreign_bytes: crate::dedup::MIN_FOREIGN_BYTES,
         }
     }
 
@@ -383,6 +388,14 @@ pub fn build_with(
     let mut b = LayerBuilder::new(opts, pool);
     source(&mut b)?;
     b.flush_group()?;
+    // Foreign blobs that give the layer too little are given up: their chunks go into the new blob.
+    b.pool.drain()?;
+    for (blob, blocks) in known.prune(b.opts.min_foreign_bytes) {
+        let reader = BlobReader::open(store, &blob)?;
+        for_each_live_chunk(&reader, &blocks, |_, bytes| {
+            b.pool.send(Unit::Forced(bytes.to_vec()))
+        })?;
+    }
     let LayerBuilder {
         mut tree,
         pool,

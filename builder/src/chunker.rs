@@ -47,6 +47,9 @@ pub enum Unit {
     },
     /// Small files (each a single chunk) compressed together in one frame.
     Group(Vec<(NodeId, ChunkData)>),
+    /// A chunk to store in the new blob whatever holds it already (its files' references were recorded
+    /// when they were met): a chunk of a foreign blob the layer will not reference ([`crate::dedup`]).
+    Forced(Vec<u8>),
 }
 
 /// Where each file's chunk lies, by digest (`None`: a hole).
@@ -101,6 +104,8 @@ pub struct PoolOptions {
 pub struct Pool {
     tx: Option<Sender<(u64, Unit)>>,
     seq: u64,
+    /// Units the workers have finished with.
+    worked: Arc<AtomicU64>,
     workers: Vec<JoinHandle<()>>,
     collector: Option<JoinHandle<Result<Packed, BuildError>>>,
     error: Receiver<BuildError>,
@@ -188,6 +193,14 @@ fn work(unit: Unit, seq: u64, opts: &PoolOptions) -> Result<Done, BuildError> {
                     chunks: vec![(d, data.len() as u32, 0)],
                 });
             }
+        }
+        Unit::Forced(data) => {
+            let d = Digest::of(&data);
+            done.frames.push(FrameOut {
+                compressed: toc::compress(&data, opts.level),
+                uncompressed: data.len() as u32,
+                chunks: vec![(d, data.len() as u32, 0)],
+            });
         }
         Unit::Group(members) => {
             let mut buf = Vec::new();
@@ -363,7 +376,9 @@ impl Pool {
         let (done_tx, done_rx) = bounded::<Done>(threads * 4);
         let (err_tx, err_rx) = bounded::<BuildError>(threads + 1);
         let mut workers = Vec::new();
+        let worked = Arc::new(AtomicU64::new(0));
         for i in 0..threads {
+            let worked = worked.clone();
             let rx = rx.clone();
             let done_tx = done_tx.clone();
             let err_tx = err_tx.clone();
@@ -372,7 +387,9 @@ impl Pool {
                 .name(format!("strata-chunk-{i}"))
                 .spawn(move || {
                     for (seq, unit) in rx {
-                        match work(unit, seq, &opts) {
+                        let result = work(unit, seq, &opts);
+                        worked.fetch_add(1, Ordering::Release);
+                        match result {
                             Ok(d) => {
                                 if done_tx.send(d).is_err() {
                                     return;
@@ -425,6 +442,7 @@ impl Pool {
         Ok(Pool {
             tx: Some(tx),
             seq: 0,
+            worked,
             workers,
             collector: Some(collector),
             error: err_rx,
@@ -444,6 +462,21 @@ impl Pool {
             return Err(self.fail());
         }
         self.seq += 1;
+        Ok(())
+    }
+
+    /// Waits until the workers have classified every unit sent so far (so that what they found stored
+    /// already is final); fails early if one has failed.
+    pub fn drain(&mut self) -> Result<(), BuildError> {
+        while self.worked.load(Ordering::Acquire) < self.seq {
+            if let Ok(e) = self.error.try_recv() {
+                return Err(e);
+            }
+            if self.workers.iter().all(|w| w.is_finished()) {
+                return Err(self.fail());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         Ok(())
     }
 

@@ -9,7 +9,10 @@
 //! of contents a node fetches before reading it, so a layer references at most [`MAX_FOREIGN_BLOBS`]
 //! foreign blobs (by default; `BuildOptions::max_foreign_blobs`). A chunk held by several blobs goes to
 //! one the layer already references; else to a new foreign blob while the layer has fewer than the cap;
-//! else it is stored again in the layer's own blob. Blobs are taken in the order the build meets their
+//! else it is stored again in the layer's own blob. Once every chunk has been looked up, a foreign blob
+//! that gives the layer fewer than [`MIN_FOREIGN_BYTES`] (by default; `BuildOptions::min_foreign_bytes`)
+//! is given up: its chunks are read back from it (verified) and stored in the new blob, so that a device
+//! is spent only on a blob that saves real bytes. Blobs are taken in the order the build meets their
 //! chunks (workers run in parallel, so which blobs make the cap can vary between two builds of the same
 //! tree once more than the cap would be needed; below the cap the result is reproducible). A rebuild of a
 //! tree the store holds meets one or a few blobs, and a new base sharing packages with an old one a few
@@ -19,7 +22,7 @@
 //! chosen; before the layer is written, [`Known::recheck`] checks that each foreign blob the layer uses
 //! still exists and is not condemned (see `strata_registry::index::condemn` for why that suffices).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -32,6 +35,8 @@ use crate::error::BuildError;
 
 /// Default cap on the foreign blobs one layer references.
 pub const MAX_FOREIGN_BLOBS: usize = 32;
+/// Default least bytes a foreign blob must give a layer to be referenced (else its chunks are copied).
+pub const MIN_FOREIGN_BYTES: u64 = 256 << 10;
 
 /// What store-wide dedup did in a build.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -45,12 +50,16 @@ pub struct DedupReport {
     pub foreign_blobs: u64,
     /// Chunks found in the index but stored again because of the cap on foreign blobs.
     pub capped_chunks: u64,
+    /// Foreign blobs that gave fewer bytes than the threshold, and the bytes of theirs stored again.
+    pub pruned_blobs: u64,
+    pub pruned_bytes: u64,
 }
 
 #[derive(Default)]
 struct Selection {
-    /// Foreign blobs chosen, in the order chosen.
+    /// Foreign blobs chosen, in the order chosen, and the bytes each gives.
     blobs: Vec<BlobRef>,
+    bytes: Vec<u64>,
     by_digest: HashMap<Digest, usize>,
     /// Chunk → (index into `blobs`, block).
     chunks: HashMap<Digest, (usize, u32)>,
@@ -160,6 +169,7 @@ impl Known {
                 let i = sel.blobs.len();
                 sel.by_digest.insert(blob.digest, i);
                 sel.blobs.push(blob);
+                sel.bytes.push(0);
                 Some((i, h.block))
             }),
             None => None,
@@ -167,6 +177,7 @@ impl Known {
         match chosen {
             Some(c) => {
                 sel.chunks.insert(*d, c);
+                sel.bytes[c.0] += len;
                 sel.report.index_chunks += 1;
                 sel.report.index_bytes += len;
                 true
@@ -176,6 +187,38 @@ impl Known {
                 false
             }
         }
+    }
+
+    /// Gives up the foreign blobs that give the layer fewer than `min_bytes` bytes (once every chunk has
+    /// been looked up): returns each with the view blocks of its chunks, which the caller stores again.
+    pub fn prune(&self, min_bytes: u64) -> Vec<(BlobRef, HashSet<u32>)> {
+        let Some(Ok(mut sel)) = self.index.as_ref().map(|sw| sw.sel.lock()) else {
+            return Vec::new();
+        };
+        let small: HashSet<usize> = (0..sel.blobs.len())
+            .filter(|i| sel.bytes[*i] < min_bytes)
+            .collect();
+        if small.is_empty() {
+            return Vec::new();
+        }
+        let mut out: HashMap<usize, HashSet<u32>> = HashMap::new();
+        sel.chunks.retain(|_, (i, block)| {
+            if !small.contains(i) {
+                return true;
+            }
+            out.entry(*i).or_default().insert(*block);
+            false
+        });
+        let mut pruned = Vec::new();
+        for (i, blocks) in out {
+            sel.report.pruned_blobs += 1;
+            sel.report.pruned_bytes += sel.bytes[i];
+            sel.report.index_chunks -= blocks.len() as u64;
+            sel.report.index_bytes -= sel.bytes[i];
+            sel.bytes[i] = 0;
+            pruned.push((sel.blobs[i].clone(), blocks));
+        }
+        pruned
     }
 
     /// The foreign blobs chosen and where each chosen chunk lies in them.

@@ -20,6 +20,10 @@ pub struct DedupArgs {
     /// Cap on the blobs of other builds one layer may reference (more devices per mount).
     #[arg(long, default_value_t = strata_builder::dedup::MAX_FOREIGN_BLOBS)]
     pub max_foreign_blobs: usize,
+    /// A blob of another build that would give the layer fewer bytes than this is not referenced: its
+    /// chunks are stored again.
+    #[arg(long, default_value_t = strata_builder::dedup::MIN_FOREIGN_BYTES)]
+    pub min_foreign_bytes: u64,
 }
 
 impl DedupArgs {
@@ -27,6 +31,7 @@ impl DedupArgs {
     pub fn apply(&self, opts: &mut BuildOptions) {
         opts.index = (!self.no_dedup).then(|| self.dir());
         opts.max_foreign_blobs = self.max_foreign_blobs;
+        opts.min_foreign_bytes = self.min_foreign_bytes;
     }
 
     fn dir(&self) -> PathBuf {

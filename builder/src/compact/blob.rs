@@ -104,7 +104,8 @@ pub fn rewrite(
         group: Vec::new(),
         blocks: HashMap::new(),
     };
-    let copied = copy_live(&reader, live, &mut w).and_then(|()| w.flush_group());
+    let copied = for_each_live_chunk(&reader, live, |c, bytes| w.add(c, bytes))
+        .and_then(|()| w.flush_group());
     if let Err(e) = copied {
         w.out.discard();
         return Err(e);
@@ -112,11 +113,12 @@ pub fn rewrite(
     seal(store, w)
 }
 
-/// Feeds the live chunks of `reader`'s blob to `w`, in runs of consecutive live chunks.
-fn copy_live(
+/// Calls `f` with each chunk of `reader`'s blob whose view block is in `live`, verified, in blob order,
+/// reading runs of consecutive live chunks together (compaction, and builds giving up a foreign blob).
+pub fn for_each_live_chunk(
     reader: &BlobReader<'_>,
     live: &HashSet<u32>,
-    w: &mut Writer,
+    mut f: impl FnMut(&ChunkEntry, &[u8]) -> Result<(), BuildError>,
 ) -> Result<(), BuildError> {
     let chunks = &reader.toc.chunks;
     let mut i = 0;
@@ -132,7 +134,7 @@ fn copy_live(
         let mut failed = None;
         reader.for_each_chunk(i..j, |c, bytes| {
             if failed.is_none() {
-                failed = w.add(c, bytes).err();
+                failed = f(c, bytes).err();
             }
             Ok(())
         })?;
