@@ -112,7 +112,14 @@ impl Known {
             }
         }
         if let Some(dir) = index {
-            let (cache, sync) = IndexCache::sync_and_open(store, dir)?;
+            // A cache that cannot be opened or synced costs dedup, never the build.
+            let (cache, sync) = match IndexCache::sync_and_open(store, dir) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "store-wide index unavailable: deduplicating against the parents only");
+                    return Ok(known);
+                }
+            };
             known.index = Some(StoreWide {
                 cache,
                 cap,

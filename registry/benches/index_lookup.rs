@@ -92,7 +92,7 @@ fn main() {
         let _ = std::fs::remove_dir_all(&dir);
         let start = Instant::now();
         {
-            let rw = IndexCache::open_rw(&dir, Duration::ZERO)
+            let mut rw = IndexCache::open_rw(&dir, Duration::ZERO)
                 .expect("open")
                 .expect("not locked");
             let mut first = 0;

@@ -210,7 +210,7 @@ impl IndexCache {
     }
 
     /// Adds one segment (one atomic batch): appends the blob's location to each of its chunks' values.
-    pub fn add(&self, seg: &Segment) -> Result<u64, IndexError> {
+    pub fn add(&mut self, seg: &Segment) -> Result<u64, IndexError> {
         let mut batch = WriteBatch::default();
         for c in &seg.toc.chunks {
             let key = chunk_key(&c.digest);
@@ -233,6 +233,7 @@ impl IndexCache {
         batch.delete(blob_key(b'd', &seg.blob.digest));
         batch.put(blob_key(b's', &seg.blob.digest), encode_blob_ref(&seg.blob));
         self.db.write(batch).map_err(|e| Self::err(&self.path, e))?;
+        self.dead.remove(&seg.blob.digest);
         Ok(seg.toc.chunks.len() as u64)
     }
 

@@ -237,3 +237,102 @@ proptest! {
         prop_assert!(Segment::decode(&k, &b).is_err());
     }
 }
+
+/// A segment of blob `blob` (a made-up digest) holding chunks `chunks` (indices into a small universe).
+fn fake_segment(blob: u8, chunks: &[u8]) -> Segment {
+    let mut toc = Toc::default();
+    for (i, c) in chunks.iter().enumerate() {
+        toc.chunks.push(ChunkEntry {
+            block: i as u32,
+            len: 4096,
+            frame: 0,
+            frame_offset: 0,
+            digest: chunk(*c),
+        });
+    }
+    toc.view_blocks = chunks.len() as u64;
+    let t = toc.encode();
+    Segment {
+        blob: BlobRef {
+            digest: Digest::of(&[blob]),
+            size: 64 + t.len() as u64,
+            view_size: toc.view_size(),
+            toc_offset: 0,
+            toc_len: t.len() as u64,
+            toc_digest: Digest::of(&t),
+            chunks: chunks.len() as u64,
+        },
+        toc,
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Add(u8, Vec<u8>),
+    Dead(u8),
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..6, proptest::collection::vec(0u8..24, 0..12)).prop_map(|(b, c)| Op::Add(b, c)),
+        1 => (0u8..6).prop_map(Op::Dead),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    /// The cache against a model (chunk → blobs holding it, minus dead blobs), across reopenings: every
+    /// lookup answers exactly the live blobs holding the chunk, at the block the segment gave.
+    #[test]
+    fn cache_matches_a_model(ops in proptest::collection::vec(op(), 1..30)) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let mut cache = IndexCache::open_rw(&path, Duration::ZERO).unwrap().unwrap();
+        let mut model: std::collections::HashMap<u8, std::collections::BTreeMap<u8, u32>> = Default::default();
+        let mut dead = std::collections::HashSet::new();
+        let mut added = std::collections::HashSet::new();
+        for op in ops {
+            match op {
+                Op::Add(b, chunks) => {
+                    let mut seen = std::collections::HashSet::new();
+                    let chunks: Vec<u8> = chunks.into_iter().filter(|c| seen.insert(*c)).collect();
+                    // A blob's segment is added once (a sync fetches only unseen segments).
+                    if !added.insert(b) {
+                        continue;
+                    }
+                    cache.add(&fake_segment(b, &chunks)).unwrap();
+                    dead.remove(&b);
+                    for (i, c) in chunks.iter().enumerate() {
+                        model.entry(*c).or_default().insert(b, i as u32);
+                    }
+                }
+                Op::Dead(b) => {
+                    cache.mark_dead(&Digest::of(&[b])).unwrap();
+                    dead.insert(b);
+                }
+                Op::Reopen => {
+                    drop(cache);
+                    cache = IndexCache::open_rw(&path, Duration::ZERO).unwrap().unwrap();
+                }
+            }
+            for c in 0u8..24 {
+                let mut got: Vec<(Digest, u32)> =
+                    cache.lookup(&chunk(c)).unwrap().iter().map(|h| (h.blob, h.block)).collect();
+                got.sort_by_key(|(d, _)| d.0);
+                let mut want: Vec<(Digest, u32)> = model
+                    .get(&c)
+                    .map(|m| {
+                        m.iter()
+                            .filter(|(b, _)| !dead.contains(*b))
+                            .map(|(b, block)| (Digest::of(&[*b]), *block))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                want.sort_by_key(|(d, _)| d.0);
+                prop_assert_eq!(got, want);
+            }
+        }
+    }
+}
