@@ -94,6 +94,17 @@ fn same_tree_twice(store: &StoreEnv) {
         let got = store.run(&["cat", t, "/usr/lib/perl/f3.so"]);
         assert_eq!(got.stdout, random_bytes(50_000 + 3 * 170_003, 303));
     }
+    // A store written before the index has blobs without segments: `index sync --backfill` writes them.
+    let s = store.open();
+    let segs = s.list("index").expect("list");
+    for k in &segs {
+        s.delete(k).expect("delete segment");
+    }
+    let r = json(&store.ok(&["index", "sync", "--backfill", "--rebuild", "--json"]));
+    assert_eq!(r["backfilled"].as_u64(), Some(segs.len() as u64), "{r}");
+    assert_eq!(s.list("index").expect("list").len(), segs.len());
+    let again = build(store, &[p]);
+    assert_eq!(again["stats"]["new_bytes"], 0, "{again}");
     // --no-dedup stores everything again (the parents-only behaviour).
     let alone = build(store, &[p, "--no-dedup"]);
     assert_eq!(alone["stats"]["new_bytes"], first["stats"]["new_bytes"]);
