@@ -4,24 +4,30 @@
 //! regular files into work for the chunk [`Pool`]: tiny files stay inline in the metadata, small files
 //! are grouped into shared frames, larger files are cut into fixed-size chunks. When the source is done
 //! the pool seals the blob; chunk digests are resolved to `(device, block)` — the new blob is device 1,
-//! followed by the parent's blobs that the layer still references — and the EROFS writer lays out the
-//! metadata. Objects are stored in dependency order: blob, metadata, then the descriptor, so a failure at
+//! followed by the parents' blobs that the layer still references, then the foreign blobs the store-wide
+//! index found chunks in ([`crate::dedup`]) — and the EROFS writer lays out the metadata. Objects are
+//! stored in dependency order: blob, its index segment, metadata, then the descriptor, so a failure at
 //! any point leaves nothing referenced.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use strata_registry::blobread::BlobReader;
 use strata_registry::digest::Digest;
+use strata_registry::index::Segment;
 use strata_registry::model::{
-    BlobRef, BuiltOn, LayerConfig, LayerDescriptor, LayerKind, LayerStats, ObjectRef, SCHEMA,
+    BuiltOn, LayerConfig, LayerDescriptor, LayerKind, LayerStats, ObjectRef, SCHEMA,
 };
 use strata_registry::store::Store;
 
 use crate::chunker::{ChunkData, Pool, PoolOptions, Unit};
-use crate::erofs::{self, ChunkLoc, DeviceSlot};
+use crate::compact::blob::for_each_live_chunk;
+use crate::dedup::{DedupReport, Known};
+use crate::devices::Devices;
+use crate::erofs;
 use crate::error::BuildError;
 use crate::source::{Entry, EntryKind, EntrySink, Existing, FileSource};
 use crate::tree::{FileData, Meta, NodeId, NodeKind, Tree, OPAQUE_XATTR};
@@ -66,6 +72,13 @@ pub struct BuildOptions {
     /// For a layer that is not the bottom: whether the whiteout at a path still hides something below
     /// (a flattened range keeps only those; see [`Tree::prune_whiteouts`]). `None` keeps them all.
     pub keep_whiteout: Option<WhiteoutFilter>,
+    /// Store-wide dedup: the directory of the local index caches (`None`: only the parents' chunks are
+    /// not stored again). See [`crate::dedup`].
+    pub index: Option<PathBuf>,
+    /// Cap on the foreign blobs (neither new nor a parent's) the layer references.
+    pub max_foreign_blobs: usize,
+    /// A foreign blob giving the layer fewer bytes than this is not referenced: its chunks are copied.
+    pub min_foreign_bytes: u64,
 }
 
 /// See [`BuildOptions::keep_whiteout`].
@@ -89,6 +102,9 @@ impl BuildOptions {
             bottom: false,
             patch_meta: true,
             keep_whiteout: None,
+            index: None,
+            max_foreign_blobs: crate::dedup::MAX_FOREIGN_BLOBS,
+            min_foreign_bytes: crate::dedup::MIN_FOREIGN_BYTES,
         }
     }
 
@@ -114,45 +130,8 @@ impl BuildOptions {
 pub struct BuiltLayer {
     pub digest: Digest,
     pub descriptor: LayerDescriptor,
-}
-
-/// Parent chunks: digest → (index into `blobs`, block).
-struct ParentIndex {
-    blobs: Vec<BlobRef>,
-    chunks: HashMap<Digest, (usize, u32)>,
-}
-
-fn load_parents(store: &Store, parents: &[Digest]) -> Result<ParentIndex, BuildError> {
-    let mut idx = ParentIndex {
-        blobs: Vec::new(),
-        chunks: HashMap::new(),
-    };
-    let mut seen = HashMap::new();
-    for p in parents {
-        let layer = store.get_layer(p)?;
-        if let Some(k) = store.layer_unreusable(p, &layer)? {
-            return Err(BuildError::Layer {
-                layer: p.to_string(),
-                why: format!(
-                    "{k} is missing or condemned by garbage collection (no tag reaches it); tag an \
-                     image that uses the layer again, or build without it as a parent"
-                ),
-            });
-        }
-        for b in &layer.blobs {
-            if seen.contains_key(&b.digest) {
-                continue;
-            }
-            let toc = store.get_toc(b)?;
-            let i = idx.blobs.len();
-            seen.insert(b.digest, i);
-            idx.blobs.push(b.clone());
-            for c in &toc.chunks {
-                idx.chunks.entry(c.digest).or_insert((i, c.block));
-            }
-        }
-    }
-    Ok(idx)
+    /// What store-wide dedup did (zeros without it).
+    pub dedup: DedupReport,
 }
 
 /// The sink sources feed: builds the tree and feeds the chunk pool.
@@ -407,19 +386,30 @@ pub fn build_with(
     source: impl FnOnce(&mut dyn EntrySink) -> Result<(), BuildError>,
 ) -> Result<BuiltLayer, BuildError> {
     opts.check()?;
-    let parents = load_parents(store, &opts.parents)?;
-    let parent_chunks: HashMap<Digest, (usize, u32)> = parents.chunks;
-    let parent_chunks = Arc::new(parent_chunks);
+    let known = Arc::new(Known::load(
+        store,
+        &opts.parents,
+        opts.index.as_deref(),
+        opts.max_foreign_blobs,
+    )?);
     let pool = Pool::start(PoolOptions {
         threads: opts.threads,
         level: opts.level,
         spool_dir: store.spool_dir()?,
-        parent: parent_chunks.clone(),
+        known: known.clone(),
         progress: opts.progress.clone(),
     })?;
     let mut b = LayerBuilder::new(opts, pool);
     source(&mut b)?;
     b.flush_group()?;
+    // Foreign blobs that give the layer too little are given up: their chunks go into the new blob.
+    b.pool.drain()?;
+    for (blob, blocks) in known.prune(b.opts.min_foreign_bytes) {
+        let reader = BlobReader::open(store, &blob)?;
+        for_each_live_chunk(&reader, &blocks, |_, bytes| {
+            b.pool.send(Unit::Forced(bytes.to_vec()))
+        })?;
+    }
     let LayerBuilder {
         mut tree,
         pool,
@@ -429,15 +419,7 @@ pub fn build_with(
     } = b;
     let packed = pool.finish()?;
     let spool = packed.blob.as_ref().map(|b| b.spool.clone());
-    let result = finish(
-        store,
-        &mut tree,
-        packed,
-        &parents.blobs,
-        &parent_chunks,
-        &opts,
-        &mut stats,
-    );
+    let result = finish(store, &mut tree, packed, &known, &opts, &mut stats);
     if result.is_err() {
         if let Some(s) = spool {
             let _ = std::fs::remove_file(s);
@@ -450,8 +432,7 @@ fn finish(
     store: &Store,
     tree: &mut Tree,
     packed: crate::chunker::Packed,
-    parent_blobs: &[BlobRef],
-    parent_chunks: &HashMap<Digest, (usize, u32)>,
+    known: &Known,
     opts: &BuildOptions,
     stats: &mut LayerStats,
 ) -> Result<BuiltLayer, BuildError> {
@@ -471,19 +452,6 @@ fn finish(
                 *slot = *d;
             }
         }
-    }
-    // Devices: the new blob first, then the parent blobs still referenced, in the parents' order.
-    let mut blobs: Vec<BlobRef> = Vec::new();
-    if let Some(b) = &packed.blob {
-        blobs.push(BlobRef {
-            digest: b.digest,
-            size: b.size,
-            view_size: b.toc.view_size(),
-            toc_offset: b.footer.toc_offset,
-            toc_len: b.footer.toc_len,
-            toc_digest: b.footer.toc_digest,
-            chunks: b.toc.chunks.len() as u64,
-        });
     }
     // Figures, and which nodes are reachable (a replaced file's chunks must not pull in a parent blob).
     stats.entries = tree.entry_count();
@@ -506,72 +474,20 @@ fn finish(
         }
     }
 
-    // Parent blobs still referenced: by any reachable file's chunk that the new blob does not hold.
-    let mut used = vec![false; parent_blobs.len()];
-    for (id, node) in tree.nodes.iter().enumerate() {
-        let NodeKind::File {
-            data: FileData::Chunks(chunks),
-            ..
-        } = &node.kind
-        else {
-            continue;
-        };
-        if !seen[id] {
-            continue;
-        }
-        for d in chunks.iter().flatten() {
-            if packed.placed.contains_key(d) {
-                continue;
-            }
-            match parent_chunks.get(d) {
-                Some((i, _)) => used[*i] = true,
-                None => {
-                    return Err(BuildError::Unsupported {
-                        path: format!("inode {id}"),
-                        why: format!("chunk {d} is neither in the new blob nor in a parent layer"),
-                    })
-                }
-            }
-        }
-    }
-    let mut parent_device = vec![0u16; parent_blobs.len()];
-    for (i, b) in parent_blobs.iter().enumerate() {
-        if used[i] {
-            blobs.push(b.clone());
-            parent_device[i] = blobs.len() as u16;
-        }
-    }
-    let devices: Vec<DeviceSlot> = blobs
-        .iter()
-        .map(|b| {
-            let mut tag = [0u8; 64];
-            tag.copy_from_slice(b.digest.hex().as_bytes());
-            DeviceSlot {
-                tag,
-                blocks: (b.view_size / 4096) as u32,
-            }
-        })
-        .collect();
-    let new_device = if packed.blob.is_some() { 1 } else { 0 };
-    let resolve = |d: &Digest| -> Option<ChunkLoc> {
-        if let Some(block) = packed.placed.get(d) {
-            return Some(ChunkLoc {
-                device: new_device,
-                block: *block,
-            });
-        }
-        parent_chunks.get(d).map(|(i, block)| ChunkLoc {
-            device: parent_device[*i],
-            block: *block,
-        })
-    };
+    let devices = Devices::assign(tree, &seen, &packed, known)?;
     let chunk_bits = opts.chunk_size.trailing_zeros() as u8;
-    let image = erofs::write_image(tree, &devices, chunk_bits, &resolve)?;
+    let image = erofs::write_image(tree, &devices.slots(), chunk_bits, &|d: &Digest| {
+        devices.resolve(d)
+    })?;
 
-    // Store in dependency order: blob, metadata, descriptor.
+    // Store in dependency order: blob, its index segment, metadata, descriptor.
     if let Some(b) = &packed.blob {
         store.put_blob_file(&b.digest, &b.spool)?;
         stats.stored_bytes += b.size;
+        store.put_segment(&Segment {
+            blob: devices.blobs[0].clone(),
+            toc: b.toc.clone(),
+        })?;
     }
     // A rebuild's metadata is stored as a patch against its (first) parent's.
     let base = match opts.parents.first().filter(|_| opts.patch_meta) {
@@ -591,7 +507,7 @@ fn finish(
             digest: meta_digest,
             size: image.len() as u64,
         },
-        blobs,
+        blobs: devices.blobs.clone(),
         chunk_size: opts.chunk_size,
         stats: stats.clone(),
         parent: opts.parents.first().copied(),
@@ -599,6 +515,13 @@ fn finish(
         config: (!opts.config.is_empty()).then(|| Box::new(opts.config.clone())),
         built_on: opts.built_on.clone(),
     };
+    known.recheck(store, &devices.foreign)?;
     let digest = store.put_layer(&descriptor)?;
-    Ok(BuiltLayer { digest, descriptor })
+    let mut dedup = known.foreign().2;
+    dedup.foreign_blobs = devices.foreign.len() as u64;
+    Ok(BuiltLayer {
+        digest,
+        descriptor,
+        dedup,
+    })
 }

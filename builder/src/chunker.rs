@@ -4,8 +4,8 @@
 //! through a bounded channel (so memory stays bounded whatever the layer's size). A unit is one chunk of a
 //! large file, or a *group* of small files that will share one zstd frame. Workers read the bytes (from
 //! disk, in parallel, by offset — or from memory for tar streams), digest each chunk, turn all-zero chunks
-//! into holes, skip chunks the parent already stores, and compress. A single collector thread receives the
-//! results, puts them back in source order, drops chunks already placed in this blob, and appends frames
+//! into holes, skip chunks stored already (the parents', or any blob's: [`crate::dedup`]), and compress.
+//! A single collector thread receives the results, puts them back in source order, drops chunks already placed in this blob, and appends frames
 //! to the blob spool while it builds the table of contents. Source order and collector-side dedup make
 //! the blob, and so every digest, reproducible.
 
@@ -47,6 +47,9 @@ pub enum Unit {
     },
     /// Small files (each a single chunk) compressed together in one frame.
     Group(Vec<(NodeId, ChunkData)>),
+    /// A chunk to store in the new blob whatever holds it already (its files' references were recorded
+    /// when they were met): a chunk of a foreign blob the layer will not reference ([`crate::dedup`]).
+    Forced(Vec<u8>),
 }
 
 /// Where each file's chunk lies, by digest (`None`: a hole).
@@ -91,8 +94,8 @@ pub struct PoolOptions {
     pub threads: usize,
     pub level: i32,
     pub spool_dir: PathBuf,
-    /// Chunks the parent already stores (never compressed or stored again).
-    pub parent: Arc<HashMap<Digest, (usize, u32)>>,
+    /// Chunks stored already (never compressed or stored again).
+    pub known: Arc<crate::dedup::Known>,
     /// Counts bytes of file data processed, for progress.
     pub progress: Arc<AtomicU64>,
 }
@@ -101,6 +104,8 @@ pub struct PoolOptions {
 pub struct Pool {
     tx: Option<Sender<(u64, Unit)>>,
     seq: u64,
+    /// Units the workers have finished with.
+    worked: Arc<AtomicU64>,
     workers: Vec<JoinHandle<()>>,
     collector: Option<JoinHandle<Result<Packed, BuildError>>>,
     error: Receiver<BuildError>,
@@ -166,7 +171,7 @@ fn classify(
     }
     let d = Digest::of(&data);
     done.refs.push((node, index, Some(d)));
-    if opts.parent.contains_key(&d) {
+    if opts.known.known(&d, data.len() as u64) {
         return None;
     }
     Some((d, data))
@@ -188,6 +193,14 @@ fn work(unit: Unit, seq: u64, opts: &PoolOptions) -> Result<Done, BuildError> {
                     chunks: vec![(d, data.len() as u32, 0)],
                 });
             }
+        }
+        Unit::Forced(data) => {
+            let d = Digest::of(&data);
+            done.frames.push(FrameOut {
+                compressed: toc::compress(&data, opts.level),
+                uncompressed: data.len() as u32,
+                chunks: vec![(d, data.len() as u32, 0)],
+            });
         }
         Unit::Group(members) => {
             let mut buf = Vec::new();
@@ -211,11 +224,77 @@ fn work(unit: Unit, seq: u64, opts: &PoolOptions) -> Result<Done, BuildError> {
     Ok(done)
 }
 
-struct Collector {
-    spool: PathBuf,
+/// A blob being written to a spool file, digested as it goes: frames, then [`BlobSpool::seal`] appends the
+/// table of contents and the footer. Builds and compaction write blobs through it.
+pub struct BlobSpool {
+    pub path: PathBuf,
     file: std::io::BufWriter<File>,
     hasher: Hasher,
-    offset: u64,
+    /// Bytes written so far (the offset of the next frame).
+    pub offset: u64,
+}
+
+impl BlobSpool {
+    /// A new spool file in `dir`, named after `label`, the process and the time.
+    pub fn create(dir: &Path, label: &str) -> Result<BlobSpool, BuildError> {
+        let name = format!(
+            "{label}-{}-{}.tmp",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        );
+        let path = dir.join(name);
+        let f = File::create(&path).map_err(|e| BuildError::io(&path, e))?;
+        Ok(BlobSpool {
+            path,
+            file: std::io::BufWriter::with_capacity(1 << 20, f),
+            hasher: Hasher::new(),
+            offset: 0,
+        })
+    }
+
+    /// Appends bytes.
+    pub fn write(&mut self, b: &[u8]) -> Result<(), BuildError> {
+        self.file
+            .write_all(b)
+            .map_err(|e| BuildError::io(&self.path, e))?;
+        self.hasher.update(b);
+        self.offset += b.len() as u64;
+        Ok(())
+    }
+
+    /// Appends `toc` and the footer and syncs the file; returns the blob's digest, size and footer.
+    pub fn seal(mut self, toc: &Toc) -> Result<(Digest, u64, Footer), BuildError> {
+        let toc_bytes = toc.encode();
+        let footer = Footer {
+            toc_offset: self.offset,
+            toc_len: toc_bytes.len() as u64,
+            toc_digest: Digest::of(&toc_bytes),
+        };
+        self.write(&toc_bytes)?;
+        self.write(&footer.encode())?;
+        self.file
+            .flush()
+            .map_err(|e| BuildError::io(&self.path, e))?;
+        let file = self
+            .file
+            .into_inner()
+            .map_err(|e| BuildError::io(&self.path, e.into_error()))?;
+        file.sync_all().map_err(|e| BuildError::io(&self.path, e))?;
+        Ok((self.hasher.finish(), self.offset, footer))
+    }
+
+    /// Deletes the spool file (a failed or empty blob).
+    pub fn discard(self) {
+        drop(self.file);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+struct Collector {
+    out: BlobSpool,
     toc: Toc,
     placed: HashMap<Digest, u32>,
     next_block: u64,
@@ -224,15 +303,6 @@ struct Collector {
 }
 
 impl Collector {
-    fn write(&mut self, b: &[u8]) -> Result<(), BuildError> {
-        self.file
-            .write_all(b)
-            .map_err(|e| BuildError::io(&self.spool, e))?;
-        self.hasher.update(b);
-        self.offset += b.len() as u64;
-        Ok(())
-    }
-
     fn take(&mut self, done: Done) -> Result<(), BuildError> {
         self.refs.extend(done.refs);
         for f in done.frames {
@@ -241,11 +311,11 @@ impl Collector {
             }
             let index = self.toc.frames.len() as u32;
             self.toc.frames.push(Frame {
-                offset: self.offset,
+                offset: self.out.offset,
                 compressed: f.compressed.len() as u32,
                 uncompressed: f.uncompressed,
             });
-            self.write(&f.compressed)?;
+            self.out.write(&f.compressed)?;
             for (d, len, frame_offset) in f.chunks {
                 if self.placed.contains_key(&d) {
                     continue;
@@ -270,8 +340,7 @@ impl Collector {
     fn finish(mut self) -> Result<Packed, BuildError> {
         let new_chunks = self.toc.chunks.len() as u64;
         if new_chunks == 0 {
-            drop(self.file);
-            let _ = std::fs::remove_file(&self.spool);
+            self.out.discard();
             return Ok(Packed {
                 blob: None,
                 placed: self.placed,
@@ -281,28 +350,13 @@ impl Collector {
             });
         }
         self.toc.view_blocks = self.next_block;
-        let toc_bytes = self.toc.encode();
-        let footer = Footer {
-            toc_offset: self.offset,
-            toc_len: toc_bytes.len() as u64,
-            toc_digest: Digest::of(&toc_bytes),
-        };
-        self.write(&toc_bytes)?;
-        self.write(&footer.encode())?;
-        self.file
-            .flush()
-            .map_err(|e| BuildError::io(&self.spool, e))?;
-        let file = self
-            .file
-            .into_inner()
-            .map_err(|e| BuildError::io(&self.spool, e.into_error()))?;
-        file.sync_all()
-            .map_err(|e| BuildError::io(&self.spool, e))?;
+        let spool = self.out.path.clone();
+        let (digest, size, footer) = self.out.seal(&self.toc)?;
         Ok(Packed {
             blob: Some(BlobOut {
-                spool: self.spool,
-                digest: self.hasher.finish(),
-                size: self.offset,
+                spool,
+                digest,
+                size,
                 toc: self.toc,
                 footer,
             }),
@@ -314,20 +368,6 @@ impl Collector {
     }
 }
 
-fn spool_file(dir: &Path) -> Result<(PathBuf, File), BuildError> {
-    let name = format!(
-        "blob-{}-{}.tmp",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    );
-    let path = dir.join(name);
-    let f = File::create(&path).map_err(|e| BuildError::io(&path, e))?;
-    Ok((path, f))
-}
-
 impl Pool {
     /// Starts the workers and the collector.
     pub fn start(opts: PoolOptions) -> Result<Pool, BuildError> {
@@ -336,7 +376,9 @@ impl Pool {
         let (done_tx, done_rx) = bounded::<Done>(threads * 4);
         let (err_tx, err_rx) = bounded::<BuildError>(threads + 1);
         let mut workers = Vec::new();
+        let worked = Arc::new(AtomicU64::new(0));
         for i in 0..threads {
+            let worked = worked.clone();
             let rx = rx.clone();
             let done_tx = done_tx.clone();
             let err_tx = err_tx.clone();
@@ -345,7 +387,9 @@ impl Pool {
                 .name(format!("strata-chunk-{i}"))
                 .spawn(move || {
                     for (seq, unit) in rx {
-                        match work(unit, seq, &opts) {
+                        let result = work(unit, seq, &opts);
+                        worked.fetch_add(1, Ordering::Release);
+                        match result {
                             Ok(d) => {
                                 if done_tx.send(d).is_err() {
                                     return;
@@ -362,15 +406,12 @@ impl Pool {
             workers.push(h);
         }
         drop(done_tx);
-        let (spool, file) = spool_file(&opts.spool_dir)?;
+        let out = BlobSpool::create(&opts.spool_dir, "blob")?;
         let collector = std::thread::Builder::new()
             .name("strata-collect".into())
             .spawn(move || {
                 let mut c = Collector {
-                    spool,
-                    file: std::io::BufWriter::with_capacity(1 << 20, file),
-                    hasher: Hasher::new(),
-                    offset: 0,
+                    out,
                     toc: Toc::default(),
                     placed: HashMap::new(),
                     next_block: 0,
@@ -392,7 +433,7 @@ impl Pool {
                 match result {
                     Ok(()) => c.finish(),
                     Err(e) => {
-                        let _ = std::fs::remove_file(&c.spool);
+                        c.out.discard();
                         Err(e)
                     }
                 }
@@ -401,6 +442,7 @@ impl Pool {
         Ok(Pool {
             tx: Some(tx),
             seq: 0,
+            worked,
             workers,
             collector: Some(collector),
             error: err_rx,
@@ -420,6 +462,21 @@ impl Pool {
             return Err(self.fail());
         }
         self.seq += 1;
+        Ok(())
+    }
+
+    /// Waits until the workers have classified every unit sent so far (so that what they found stored
+    /// already is final); fails early if one has failed.
+    pub fn drain(&mut self) -> Result<(), BuildError> {
+        while self.worked.load(Ordering::Acquire) < self.seq {
+            if let Ok(e) = self.error.try_recv() {
+                return Err(e);
+            }
+            if self.workers.iter().all(|w| w.is_finished()) {
+                return Err(self.fail());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         Ok(())
     }
 

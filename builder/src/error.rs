@@ -35,6 +35,14 @@ pub enum BuildError {
     Layer { layer: String, why: String },
     #[error("{0}")]
     Oci(#[from] crate::oci::OciError),
+    #[error("layer metadata: {0}")]
+    Metadata(#[from] crate::erofs::ErofsError),
+    #[error("store-wide index: {0}")]
+    Index(#[from] strata_registry::index::IndexError),
+    #[error("blob {blob}, which this build deduplicated against, was condemned or deleted by gc meanwhile; nothing was written: build again (the index cache now skips it)")]
+    BlobGone {
+        blob: strata_registry::digest::Digest,
+    },
 }
 
 impl BuildError {

@@ -1,8 +1,8 @@
 //! strata's layer builder.
 //!
 //! A build reads a [`source`] (a directory or a tar stream) into a [`tree::Tree`], cuts regular files into
-//! fixed-size chunks on all cores (BLAKE3 digest, zstd), deduplicates them within the layer and against a
-//! parent, writes the new chunks into one blob with its table of contents, and lays the tree out as an
+//! fixed-size chunks on all cores (BLAKE3 digest, zstd), deduplicates them within the layer, against its
+//! parents and against every blob of the store ([`dedup`]), writes the new chunks into one blob with its table of contents, and lays the tree out as an
 //! EROFS metadata image ([`erofs`]) whose chunk indexes point into the blobs' uncompressed views through the
 //! device table. The blob, the metadata and the layer descriptor are then stored, in that order.
 //!
@@ -18,6 +18,9 @@ pub use error::BuildError;
 pub mod build;
 pub mod chunker;
 pub mod chunkmap;
+pub mod compact;
+pub mod dedup;
+mod devices;
 pub mod flatten;
 pub mod import;
 mod lower;

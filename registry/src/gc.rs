@@ -41,6 +41,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::digest::Digest;
+use crate::index::condemn::sweep_blobs;
 use crate::store::{key, Store, StoreError};
 
 /// How to collect.
@@ -116,7 +117,8 @@ pub struct GcReport {
     pub keys: Vec<String>,
 }
 
-const SWEPT: [&str; 6] = ["blobs", "meta", "layers", "manifests", "plans", "oci"];
+/// Swept here; `blobs/` (with their `index/` segments) by [`sweep_blobs`], by the same two steps.
+const SWEPT: [&str; 5] = ["meta", "layers", "manifests", "plans", "oci"];
 
 /// Where condemnation marks live ([`key::condemned`]).
 const MARKS: &str = "gc/condemned";
@@ -253,10 +255,25 @@ pub fn collect(store: &Store, o: &GcOptions) -> Result<GcReport, GcError> {
         .checked_sub(o.grace)
         .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
         .map_or(i64::MIN, |d| d.as_secs() as i64);
+    let blobs = sweep_blobs(store, &live, cutoff, o.grace.is_zero(), o.dry_run)?;
+    report.live += blobs.live;
+    report.young += blobs.young;
+    report.condemned += blobs.condemned;
+    report.condemned_bytes += blobs.condemned_bytes;
+    report.pending += blobs.pending;
+    for (k, size) in blobs.deleted {
+        report.deleted += 1;
+        report.deleted_bytes += size;
+        if report.keys.len() < 1000 {
+            report.keys.push(k);
+        }
+    }
+    // Marks of the other objects (blobs' marks are the blob sweep's).
     let mut marks: HashMap<String, i64> = store
         .list_info(MARKS)?
         .into_iter()
         .filter_map(|(k, _, t)| Some((k.strip_prefix(MARKS)?.strip_prefix('/')?.to_string(), t)))
+        .filter(|(k, _)| !k.starts_with("blobs/"))
         .collect();
     for prefix in SWEPT {
         for (k, size, modified) in store.list_info(prefix)? {

@@ -5,12 +5,13 @@
 //! ([`config`]) — does no I/O. [`store`] puts and gets those
 //! objects in a backend chosen by URL (`file://` or `s3://`), verifies every read against its digest, and
 //! moves tags only by compare-and-swap. [`blobread`] reads verified bytes out of a blob's uncompressed view.
-//! [`gc`] deletes what no tag reaches.
+//! [`gc`] deletes what no tag reaches; [`index`] is the store-wide chunk index builders dedup against.
 
 pub mod blobread;
 pub mod config;
 pub mod digest;
 pub mod gc;
+pub mod index;
 pub mod model;
 pub mod store;
 #[doc(hidden)]

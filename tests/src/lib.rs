@@ -207,7 +207,11 @@ impl StoreEnv {
     pub fn local(dir: &Path) -> StoreEnv {
         StoreEnv {
             url: format!("file://{}", dir.display()),
-            env: Vec::new(),
+            // The store-wide index cache of this test, inside the store (which lists no such prefix).
+            env: vec![(
+                "STRATA_INDEX_CACHE".into(),
+                dir.join(".index-cache").display().to_string(),
+            )],
         }
     }
 
@@ -265,6 +269,8 @@ impl StoreEnv {
 pub struct S3Server {
     child: Child,
     pub port: u16,
+    /// The store-wide index caches of this server's stores.
+    index_cache: tempfile::TempDir,
 }
 
 impl S3Server {
@@ -291,7 +297,11 @@ impl S3Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("start moto");
-        let server = S3Server { child, port };
+        let server = S3Server {
+            child,
+            port,
+            index_cache: scratch("s3-index-cache"),
+        };
         let start = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -330,6 +340,10 @@ impl S3Server {
                 ("AWS_SECRET_ACCESS_KEY".into(), "test".into()),
                 ("AWS_REGION".into(), "us-east-1".into()),
                 ("AWS_ALLOW_HTTP".into(), "true".into()),
+                (
+                    "STRATA_INDEX_CACHE".into(),
+                    self.index_cache.path().display().to_string(),
+                ),
             ],
         }
     }
@@ -645,6 +659,46 @@ pub fn fsck_erofs(dir: &Path) -> Output {
     c.arg(dir.join("meta.erofs"));
     c.output()
         .expect("run fsck.erofs (apt-get install erofs-utils)")
+}
+
+/// A materialized layer mounted by the kernel (file-backed EROFS, one device per blob); unmounted on drop.
+pub struct KernelMount {
+    pub target: PathBuf,
+}
+
+impl KernelMount {
+    /// Mounts the layer materialized in `dir` (`strata materialize`) at `target`.
+    pub fn new(dir: &Path, target: &Path) -> KernelMount {
+        std::fs::create_dir_all(target).expect("mountpoint");
+        strata_fs::mount::mount_erofs(&dir.join("meta.erofs"), &materialized_devices(dir), target)
+            .expect("kernel EROFS mount");
+        KernelMount {
+            target: target.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for KernelMount {
+    fn drop(&mut self) {
+        let _ = strata_fs::mount::unmount(&self.target, true);
+    }
+}
+
+/// `strata materialize LAYER` into a scratch directory, checked by `fsck.erofs`; `None` (skipped) without
+/// erofs-utils.
+pub fn materialize_checked(store: &StoreEnv, layer: &str) -> Option<tempfile::TempDir> {
+    if !have(&[Need::ErofsUtils]) {
+        return None;
+    }
+    let m = scratch("materialized");
+    store.ok(&["materialize", layer, m.path().to_str().expect("utf8")]);
+    let o = fsck_erofs(m.path());
+    assert!(
+        o.status.success(),
+        "fsck.erofs of {layer}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Some(m)
 }
 
 /// The device files of a materialized layer, in device order.

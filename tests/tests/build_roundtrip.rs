@@ -5,34 +5,11 @@
 //! compared through `strata ls` and `strata cat`. Dedup against a parent stores only what changed.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use strata_tests::*;
 
 fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("bad JSON {out:?}: {e}"))
-}
-
-/// Mounts a materialized layer with the kernel; unmounts on drop.
-struct KernelMount {
-    target: std::path::PathBuf,
-}
-
-impl KernelMount {
-    fn new(dir: &Path, target: &Path) -> KernelMount {
-        std::fs::create_dir_all(target).expect("mountpoint");
-        strata_fs::mount::mount_erofs(&dir.join("meta.erofs"), &materialized_devices(dir), target)
-            .expect("kernel EROFS mount");
-        KernelMount {
-            target: target.to_path_buf(),
-        }
-    }
-}
-
-impl Drop for KernelMount {
-    fn drop(&mut self) {
-        let _ = strata_fs::mount::unmount(&self.target, true);
-    }
 }
 
 /// What `strata ls --json` and `strata cat` show of an entry: mode, uid, gid, mtime, nanoseconds, size,

@@ -12,7 +12,7 @@ use strata_tests::*;
 
 fn objects(store: &StoreEnv) -> usize {
     let s = store.open();
-    ["blobs", "meta", "layers", "manifests"]
+    ["blobs", "index", "meta", "layers", "manifests"]
         .iter()
         .map(|p| s.list(p).expect("list").len())
         .sum()

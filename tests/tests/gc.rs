@@ -7,7 +7,7 @@ use strata_tests::*;
 
 fn count(store: &StoreEnv) -> usize {
     let s = store.open();
-    ["blobs", "meta", "layers", "manifests"]
+    ["blobs", "meta", "layers", "manifests", "index"]
         .iter()
         .map(|p| s.list(p).expect("list").len())
         .sum()

@@ -184,6 +184,8 @@ pub struct GcArgs {
     /// while any tag is broken.
     #[arg(long)]
     pub skip_broken: bool,
+    #[command(flatten)]
+    pub compact: crate::compact::CompactArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -213,13 +215,21 @@ pub fn gc(store: &Store, a: GcArgs) -> Result<()> {
     let mut o = GcOptions::new(parse_duration(&a.grace)?);
     o.dry_run = a.dry_run;
     o.skip_broken = a.skip_broken;
+    let compacted = a.compact.run(store, a.dry_run)?;
     let r = strata_registry::gc::collect(store, &o)?;
     for b in &r.broken {
         eprintln!("warning: skipped broken tag {}: {}", b.tag, b.error);
     }
     if a.json {
-        println!("{}", serde_json::to_string(&r)?);
+        let mut v = serde_json::to_value(&r)?;
+        if let Some(c) = &compacted {
+            v["compact"] = serde_json::to_value(c)?;
+        }
+        println!("{v}");
         return Ok(());
+    }
+    if let Some(c) = &compacted {
+        println!("{}", crate::compact::summary(c));
     }
     let (verb, cverb) = if a.dry_run {
         ("would delete", "would condemn")

@@ -7,8 +7,8 @@ use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, DEFAULT_STORE};
 
 use crate::{
-    catalog, compose, copy, export, images, import, layers, node, progress, snapshot, trace, view,
-    vm,
+    catalog, compose, copy, export, images, import, index, layers, node, progress, snapshot, trace,
+    view, vm,
 };
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
@@ -144,6 +144,9 @@ pub enum Cmd {
     Flatten(snapshot::FlattenArgs),
     /// Delete store objects no tag reaches (older than --grace); deletes nothing while a tag is broken.
     Gc(catalog::GcArgs),
+    /// The store-wide chunk index builds deduplicate against.
+    #[command(subcommand)]
+    Index(index::IndexCmd),
     /// Record which chunks a command reads in an image (through stratad), as the image's prefetch plan.
     Trace(trace::TraceArgs),
     /// Write a layer's metadata and uncompressed blob views so the kernel or fsck.erofs can read it.
@@ -254,6 +257,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Trace(a) => trace::trace(&store, socket, a),
         Cmd::Vm(a) => vm::vm(&store, socket, a),
         Cmd::Gc(a) => catalog::gc(&store, a),
+        Cmd::Index(c) => index::index(&store, c),
         Cmd::Mount { .. }
         | Cmd::Bundle { .. }
         | Cmd::Umount { .. }

@@ -59,6 +59,8 @@ pub struct ImportArgs {
     /// Changes to the imported image's config (or another image's with --config-from).
     #[command(flatten)]
     pub config: ConfigArgs,
+    #[command(flatten)]
+    pub dedup: crate::index::DedupArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -112,6 +114,7 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
     if let Some(t) = a.threads {
         opts.threads = t.max(1);
     }
+    a.dedup.apply(&mut opts);
     let tty = std::io::stderr().is_terminal();
     let total = image.layers.len();
     let report = |l: &ImportedLayer| {

@@ -53,6 +53,8 @@ pub struct BuildArgs {
     /// The config the layer declares (the image's, with -t).
     #[command(flatten)]
     pub config: ConfigArgs,
+    #[command(flatten)]
+    pub dedup: crate::index::DedupArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -91,6 +93,7 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
         opts.built_on = Some(built_on(store, on).with_context(|| format!("--on {on}"))?);
     }
     let config = opts.config.apply(&ImageConfig::default());
+    a.dedup.apply(&mut opts);
     for p in &a.parent {
         opts.parents
             .extend(resolve_layers(store, p).with_context(|| format!("parent {p}"))?);
@@ -130,6 +133,7 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
                 "image": image.map(|d| d.to_string()),
                 "tag": tag.map(|t| t.to_string()),
                 "stats": s,
+                "index": built.dedup,
                 "seconds": start.elapsed().as_secs_f64(),
             })
         );

@@ -7,6 +7,7 @@
 
 mod catalog;
 pub mod cli;
+mod compact;
 mod compose;
 mod config;
 mod copy;
@@ -17,6 +18,7 @@ mod freeze;
 mod holder;
 mod images;
 mod import;
+mod index;
 mod layers;
 mod node;
 mod progress;

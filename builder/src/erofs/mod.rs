@@ -35,6 +35,7 @@
 
 pub mod format;
 pub mod reader;
+pub mod repoint;
 pub mod writer;
 
 pub use reader::{DirEntry, ErofsError, ErofsImage, Inode, Layout};

@@ -33,6 +33,8 @@ pub enum ErofsError {
     Inode { nid: u64, why: String },
     #[error("nid {nid}: directory block at byte {offset} of its data: {why}")]
     Dir { nid: u64, offset: u64, why: String },
+    #[error("re-pointing the metadata: {0}")]
+    Repoint(String),
 }
 
 fn bad(nid: u64, why: impl Into<String>) -> ErofsError {

@@ -146,18 +146,25 @@ pub fn write_image(
     sb.feature_incompat = incompat;
     sb.extra_devices = extra_devices;
     sb.devt_slotoff = if devices.is_empty() { 0 } else { DEVT_SLOTOFF };
-    sb.write_to(&mut img, SUPER_OFFSET);
-    // A content-derived uuid (overlayfs wants distinct non-null uuids), then the checksum over both.
-    let hash = blake3::hash(&img);
+    seal_superblock(&mut img, sb);
+    Ok(img)
+}
+
+/// Writes `sb` into `img` with a content-derived uuid (overlayfs wants distinct non-null uuids: hashed
+/// over the image with the uuid and checksum zero), then the checksum over both.
+pub(crate) fn seal_superblock(img: &mut [u8], mut sb: SuperBlock) {
+    sb.uuid = [0; 16];
+    sb.checksum = 0;
+    sb.write_to(img, SUPER_OFFSET);
+    let hash = blake3::hash(img);
     let mut uuid = [0u8; 16];
     uuid.copy_from_slice(&hash.as_bytes()[..16]);
     uuid[6] = (uuid[6] & 0x0f) | 0x40;
     uuid[8] = (uuid[8] & 0x3f) | 0x80;
     sb.uuid = uuid;
-    sb.write_to(&mut img, SUPER_OFFSET);
+    sb.write_to(img, SUPER_OFFSET);
     sb.checksum = sb_checksum(&img[SUPER_OFFSET..BLKSZ]);
-    sb.write_to(&mut img, SUPER_OFFSET);
-    Ok(img)
+    sb.write_to(img, SUPER_OFFSET);
 }
 
 /// The reachable nodes in breadth-first order (the root first), with the first name of each.

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! blobs/<hex>            blob objects (zstd frames + table of contents + footer)
+//! index/<hex>            the blob's index segment (store-wide dedup: crate::index)
 //! meta/<hex>             EROFS metadata images
 //! layers/<hex>.json      layer descriptors
 //! manifests/<hex>.json   image manifests
@@ -24,9 +25,9 @@
 //! one suite every backend passes.
 //!
 //! Rules every writer here follows: objects are content addressed, so writes are idempotent; a caller
-//! writes an object before anything that refers to it (blob → metadata → layer → manifest → tag), so a
-//! crash leaves unreferenced garbage, never a broken image; tags move only by compare-and-swap. Every read
-//! of a whole object is verified against its digest before it is returned.
+//! writes an object before anything that refers to it (blob → index segment → metadata → layer →
+//! manifest → tag), so a crash leaves unreferenced garbage, never a broken image; tags move only by
+//! compare-and-swap. Every read of a whole object is verified against its digest before it is returned.
 
 mod backend;
 #[doc(hidden)]
