@@ -26,7 +26,7 @@ use strata_registry::digest::Digest;
 use strata_registry::model::LayerDescriptor;
 use strata_registry::store::{key, Store, StoreError};
 
-use crate::plan::{PlanEntry, PlanError, PLAN_SCHEMA};
+use crate::plan::{get_pointed, put_pointed, PlanEntry, PlanError, PLAN_SCHEMA};
 
 /// Most chunks a layer plan keeps (256 MiB of 4 KiB chunks, 64 GiB of 1 MiB ones).
 pub const MAX_ENTRIES: usize = 65_536;
@@ -102,38 +102,23 @@ impl LayerPlan {
 
     /// Stores the plan and points its layer at it; returns the plan's digest.
     pub fn put(&self, store: &Store) -> Result<Digest, PlanError> {
-        let bytes = serde_json::to_vec(self).map_err(|e| PlanError::Malformed {
-            key: key::plan_of_layer(&self.layer),
-            why: e.to_string(),
-        })?;
-        let d = Digest::of(&bytes);
-        store.put_bytes(&key::plan(&d), bytes)?;
-        store.put_index(&key::plan_of_layer(&self.layer), d.to_string().into_bytes())?;
-        Ok(d)
+        put_pointed(store, &key::plan_of_layer(&self.layer), self)
     }
 
     /// The plan of layer `layer`, if it has one (verified against its digest).
     pub fn get(store: &Store, layer: &Digest) -> Result<Option<LayerPlan>, PlanError> {
         let pointer = key::plan_of_layer(layer);
-        let Some(b) = store.get_index(&pointer)? else {
+        let Some(plan) = get_pointed::<LayerPlan>(store, &pointer)? else {
             return Ok(None);
         };
-        let bad = |why: String| PlanError::Malformed {
-            key: pointer.clone(),
-            why,
-        };
-        let d: Digest = std::str::from_utf8(&b)
-            .map_err(|e| bad(e.to_string()))?
-            .trim()
-            .parse()
-            .map_err(|e| bad(format!("{e}")))?;
-        let bytes = store.get_verified(&key::plan(&d), &d)?;
-        let plan: LayerPlan = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
         if plan.schema != PLAN_SCHEMA || plan.layer != *layer {
-            return Err(bad(format!(
-                "schema {} for layer {}, expected schema {PLAN_SCHEMA} for {layer}",
-                plan.schema, plan.layer
-            )));
+            return Err(PlanError::Malformed {
+                key: pointer,
+                why: format!(
+                    "schema {} for layer {}, expected schema {PLAN_SCHEMA} for {layer}",
+                    plan.schema, plan.layer
+                ),
+            });
         }
         Ok(Some(plan))
     }

@@ -57,39 +57,64 @@ impl Plan {
 
     /// Stores the plan and points its image at it; returns the plan's digest.
     pub fn put(&self, store: &Store) -> Result<Digest, PlanError> {
-        let bytes = serde_json::to_vec(self).map_err(|e| PlanError::Malformed {
-            key: key::plan_of(&self.manifest),
-            why: e.to_string(),
-        })?;
-        let d = Digest::of(&bytes);
-        store.put_bytes(&key::plan(&d), bytes)?;
-        store.put_index(&key::plan_of(&self.manifest), d.to_string().into_bytes())?;
-        Ok(d)
+        put_pointed(store, &key::plan_of(&self.manifest), self)
     }
 
     /// The plan of the image with manifest `manifest`, if it has one (verified against its digest).
     pub fn get(store: &Store, manifest: &Digest) -> Result<Option<Plan>, PlanError> {
         let pointer = key::plan_of(manifest);
-        let Some(b) = store.get_index(&pointer)? else {
+        let Some(plan) = get_pointed::<Plan>(store, &pointer)? else {
             return Ok(None);
         };
-        let bad = |why: String| PlanError::Malformed {
-            key: pointer.clone(),
-            why,
-        };
-        let d: Digest = std::str::from_utf8(&b)
-            .map_err(|e| bad(e.to_string()))?
-            .trim()
-            .parse()
-            .map_err(|e| bad(format!("{e}")))?;
-        let bytes = store.get_verified(&key::plan(&d), &d)?;
-        let plan: Plan = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
         if plan.schema != PLAN_SCHEMA || plan.manifest != *manifest {
-            return Err(bad(format!(
-                "schema {} for image {}, expected schema {PLAN_SCHEMA} for {manifest}",
-                plan.schema, plan.manifest
-            )));
+            return Err(PlanError::Malformed {
+                key: pointer,
+                why: format!(
+                    "schema {} for image {}, expected schema {PLAN_SCHEMA} for {manifest}",
+                    plan.schema, plan.manifest
+                ),
+            });
         }
         Ok(Some(plan))
     }
+}
+
+/// Stores `v` as a content-addressed `plans/<digest>.json` and points the index object `pointer` at it;
+/// returns the digest.
+pub(crate) fn put_pointed<T: Serialize>(
+    store: &Store,
+    pointer: &str,
+    v: &T,
+) -> Result<Digest, PlanError> {
+    let bytes = serde_json::to_vec(v).map_err(|e| PlanError::Malformed {
+        key: pointer.to_string(),
+        why: e.to_string(),
+    })?;
+    let d = Digest::of(&bytes);
+    store.put_bytes(&key::plan(&d), bytes)?;
+    store.put_index(pointer, d.to_string().into_bytes())?;
+    Ok(d)
+}
+
+/// What the index object `pointer` names, read and verified against its digest (`None`: no pointer).
+pub(crate) fn get_pointed<T: serde::de::DeserializeOwned>(
+    store: &Store,
+    pointer: &str,
+) -> Result<Option<T>, PlanError> {
+    let Some(b) = store.get_index(pointer)? else {
+        return Ok(None);
+    };
+    let bad = |why: String| PlanError::Malformed {
+        key: pointer.to_string(),
+        why,
+    };
+    let d: Digest = std::str::from_utf8(&b)
+        .map_err(|e| bad(e.to_string()))?
+        .trim()
+        .parse()
+        .map_err(|e| bad(format!("{e}")))?;
+    let bytes = store.get_verified(&key::plan(&d), &d)?;
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| bad(e.to_string()))
 }
