@@ -3,14 +3,17 @@
 local materialized copy of the same layer) and against the eager path (download the image's tar.zst,
 extract, run), on the fat agent base of benches/make-fat.sh.
 
-usage: sudo benches/coldstart.py [prepare|plan|record|noplan|local|stat|seq|link|all]... [--runs N]
+usage: sudo benches/coldstart.py [prepare|plan|record|noplan|inherit|local|stat|seq|link|all]... [--runs N]
 
   prepare  builds the images into a local store (file://), materializes them (`strata materialize`), makes
            the eager path's tar.zst (`tar -c | zstd -3 -T2`); idempotent, under $BENCH_DATA/cs/
   plan     records the import's reads as the fat image's prefetch plan (`strata trace`): from then on
            stratad warms the plan when a sandbox of the image is created (rows say "plan": true)
   record   the same plan recorded by stratad itself (`--record-plans`) from a first sandbox running the import
-  noplan   removes the plan pointer again (the default measurements are without a plan)
+  noplan   removes the plan pointer again, and every layer plan (the default measurements are without a plan)
+  inherit  also measures `local` and `link` for a new image: the fat layer (traced once, as fat:v1) plus a
+           fresh workspace layer never traced, which inherits the fat layer's plan (rows local-inherit,
+           link-inherit); e.g. `coldstart.py plan inherit link --runs 5` compares it with the traced image
   local    cold start, local store: mount + `python3 -c 'import numpy, pandas'` in bubblewrap, through a
            fresh stratad (empty chunk cache) on the file:// store, against mounting the materialized copy
            with kernel EROFS and running the same import; page cache dropped before each run
@@ -235,13 +238,32 @@ def record_plan():
 
 
 def drop_plan():
+    """Drops the fat image's plan and every layer plan (which a new image on the same layers inherits)."""
     if os.path.exists(plan_pointer()):
         os.unlink(plan_pointer())
+    shutil.rmtree(f"{CS}/store/plans/by-layer", ignore_errors=True)
+
+
+def make_inherit():
+    """A new image on a traced base (issue 12): `fatws:v1` is the fat image's layer plus a fresh workspace
+    layer that no run ever traced; it has no plan of its own, so a node warms the plan of the fat layer it
+    shares, recorded by the trace of `fat:v1` (`make_plan`, run first if there is none)."""
+    if not os.path.exists(plan_pointer()):
+        make_plan()
+    ws = f"{CS}/ws-src"
+    shutil.rmtree(ws, ignore_errors=True)
+    os.makedirs(f"{ws}/work/task")
+    with open(f"{ws}/work/task/README", "w") as f:
+        f.write(f"a task made at {time.time()}\n")
+    layer = subprocess.run([STRATA, "--store", STORE, "build", ws, "--kind", "workspace", "--on", "fat:v1"],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    sh(f"{STRATA} --store {STORE} compose --base fat:v1 --workspace {layer} -t fatws:v1 --force")
+    log(f"fatws:v1 = fat:v1 + workspace {layer}")
 
 
 # ---------------------------------------------------------------- local cold start
 
-def bench_local(runs):
+def bench_local(runs, image="fat:v1", label="local"):
     meta, devs = materialized("fat")
     mnt = tempfile.mkdtemp(prefix="strata-cs-erofs-", dir="/var/tmp")
     rows = []
@@ -252,7 +274,7 @@ def bench_local(runs):
                 busy = wait_quiet()
                 drop_caches()
                 t = time.perf_counter()
-                sb = d.mount("fat:v1", "s")
+                sb = d.mount(image, "s")
                 t_mount = time.perf_counter() - t
                 timed(bwrap(sb["rootfs"], IMPORT))
                 strata = time.perf_counter() - t
@@ -269,12 +291,12 @@ def bench_local(runs):
                 ref = time.perf_counter() - t
             finally:
                 umount(mnt)
-            rows.append(record("local", i, strata=strata, strata_mount=t_mount, reference=ref,
+            rows.append(record(label, i, strata=strata, strata_mount=t_mount, reference=ref,
                                reference_mount=r_mount, fetched=sb["fetched_bytes"], stored=sb["image_bytes"],
                                busy=max(busy, busy2)))
     finally:
         os.rmdir(mnt)
-    return summary("local", rows, extra=("strata_mount", "reference_mount", "fetched"))
+    return summary(label, rows, extra=("strata_mount", "reference_mount", "fetched"))
 
 
 # ---------------------------------------------------------------- stat walk
@@ -505,7 +527,7 @@ def kernel_erofs_time(meta, devs, mnt):
         umount(mnt)
 
 
-def bench_link(runs, rtt_ms, mbit):
+def bench_link(runs, rtt_ms, mbit, image="fat:v1", label="link"):
     """Beside eager, the *link floor*: kernel EROFS locally plus one round trip plus the time the link
     needs for the bytes strata fetched for the workload; and the eager tar.zst's download alone."""
     s3 = S3(rtt_ms, mbit)
@@ -525,7 +547,7 @@ def bench_link(runs, rtt_ms, mbit):
                 drop_caches()
                 b0 = s3.down_bytes()
                 t = time.perf_counter()
-                sb = d.mount("fat:v1", "s")
+                sb = d.mount(image, "s")
                 t_mount = time.perf_counter() - t
                 timed(bwrap(sb["rootfs"], IMPORT))
                 strata = time.perf_counter() - t
@@ -546,7 +568,7 @@ def bench_link(runs, rtt_ms, mbit):
             shutil.rmtree(root, ignore_errors=True)
             kernel = kernel_erofs_time(meta, devs, mnt)
             floor = kernel + float(rtt_ms) / 1000 + sb["fetched_bytes"] / bps
-            rows.append(record("link", i, strata=strata, strata_mount=t_mount, reference=ref, reference_pull=t_pull,
+            rows.append(record(label, i, strata=strata, strata_mount=t_mount, reference=ref, reference_pull=t_pull,
                                link_bytes=link_bytes, fetched=sb["fetched_bytes"], stored=sb["image_bytes"],
                                tar_zst=tarsize, link_fraction=link_bytes / sb["image_bytes"],
                                kernel=kernel, link_floor=floor, eager_download=tarsize / bps,
@@ -555,7 +577,7 @@ def bench_link(runs, rtt_ms, mbit):
         s3.stop()
         shutil.rmtree(work, ignore_errors=True)
         os.rmdir(mnt)
-    return summary("link", rows, extra=("strata_mount", "reference_pull", "link_bytes", "fetched", "link_fraction",
+    return summary(label, rows, extra=("strata_mount", "reference_pull", "link_bytes", "fetched", "link_fraction",
                                         "kernel", "link_floor", "eager_download", "to_floor"))
 
 
@@ -580,8 +602,12 @@ def main():
         make_plan()
     if "record" in what:
         record_plan()
+    if "inherit" in what:
+        make_inherit()
     if "local" in what:
         bench_local(a.runs or 5)
+        if "inherit" in what:
+            bench_local(a.runs or 5, "fatws:v1", "local-inherit")
     if "stat" in what:
         bench_stat(a.runs or 5)
     if "seq" in what:
@@ -589,7 +615,10 @@ def main():
     if "link" in what:
         if not os.access(LINKPROXY, os.X_OK):
             sys.exit(f"no {LINKPROXY}: cargo build --release -p strata-tests --bin linkproxy")
-        bench_link(a.runs or 3, os.environ.get("RTT_MS", "20"), os.environ.get("MBIT", "1000"))
+        rtt, mbit = os.environ.get("RTT_MS", "20"), os.environ.get("MBIT", "1000")
+        bench_link(a.runs or 3, rtt, mbit)
+        if "inherit" in what:
+            bench_link(a.runs or 3, rtt, mbit, "fatws:v1", "link-inherit")
 
 
 if __name__ == "__main__":
