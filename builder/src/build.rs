@@ -2,15 +2,16 @@
 //!
 //! [`LayerBuilder`] is the [`EntrySink`] every source feeds. It places entries in the [`Tree`] and turns
 //! regular files into work for the chunk [`Pool`]: tiny files stay inline in the metadata, small files
-//! are grouped into shared frames, larger files are cut into fixed-size chunks. When the source is done
-//! the pool seals the blob; chunk digests are resolved to `(device, block)` — the new blob is device 1,
-//! followed by the parent's blobs that the layer still references — and the EROFS writer lays out the
-//! metadata. Objects are stored in dependency order: blob, metadata, then the descriptor, so a failure at
-//! any point leaves nothing referenced.
+//! are grouped into shared frames, larger files are cut into fixed-size chunks, in the order
+//! [`crate::layout`] gives (files read at run time first). When the source is done the pool seals the
+//! blob; chunk digests are resolved to `(device, block)` — the new blob is device 1, followed by the
+//! parent's blobs that the layer still references — and the EROFS writer lays out the metadata. Objects
+//! are stored in dependency order: blob, metadata, then the descriptor, so a failure at any point leaves
+//! nothing referenced.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ use strata_registry::store::Store;
 use crate::chunker::{ChunkData, Pool, PoolOptions, Unit};
 use crate::erofs::{self, ChunkLoc, DeviceSlot};
 use crate::error::BuildError;
+use crate::layout::{self, Class, Compiled, Layout};
 use crate::source::{Entry, EntryKind, EntrySink, Existing, FileSource};
 use crate::tree::{FileData, Meta, NodeId, NodeKind, Tree, OPAQUE_XATTR};
 
@@ -66,6 +68,8 @@ pub struct BuildOptions {
     /// For a layer that is not the bottom: whether the whiteout at a path still hides something below
     /// (a flattened range keeps only those; see [`Tree::prune_whiteouts`]). `None` keeps them all.
     pub keep_whiteout: Option<WhiteoutFilter>,
+    /// The order of file data in the blob (see [`crate::layout`]).
+    pub layout: Layout,
 }
 
 /// See [`BuildOptions::keep_whiteout`].
@@ -89,6 +93,7 @@ impl BuildOptions {
             bottom: false,
             patch_meta: true,
             keep_whiteout: None,
+            layout: Layout::default(),
         }
     }
 
@@ -163,6 +168,27 @@ pub struct LayerBuilder {
     group: Vec<(NodeId, ChunkData)>,
     group_bytes: usize,
     stats: LayerStats,
+    /// Compiled Python modules seen, for [`LayerBuilder::place_later`].
+    compiled: Compiled,
+    /// Files whose data the layout places after the run-time files, in source order.
+    later: Vec<Later>,
+    /// Bytes of stream-fed data held in `later`.
+    later_stream: usize,
+}
+
+/// A file whose data is placed once the source is done.
+struct Later {
+    class: Class,
+    path: Vec<u8>,
+    node: NodeId,
+    size: u64,
+    data: Held,
+}
+
+/// Where a deferred file's data is: on disk, or read from the stream already.
+enum Held {
+    Path(PathBuf, bool),
+    Bytes(Vec<u8>),
 }
 
 impl LayerBuilder {
@@ -174,6 +200,9 @@ impl LayerBuilder {
             group: Vec::new(),
             group_bytes: 0,
             stats: LayerStats::default(),
+            compiled: Compiled::default(),
+            later: Vec::new(),
+            later_stream: 0,
         }
     }
 
@@ -197,6 +226,9 @@ impl LayerBuilder {
             .files_done
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let shown = || String::from_utf8_lossy(path).into_owned();
+        if self.opts.layout == Layout::RunFirst {
+            self.compiled.note(path);
+        }
         if size <= self.opts.inline_max {
             let mut bytes = Vec::with_capacity(size as usize);
             match data {
@@ -239,6 +271,45 @@ impl LayerBuilder {
             },
         )?;
         self.stats.chunks += n;
+        let class = match self.opts.layout {
+            Layout::RunFirst => layout::classify(path),
+            Layout::Source => Class::Run,
+        };
+        if class == Class::Run {
+            return self.place(path, node, size, data);
+        }
+        let data = match data {
+            FileSource::Path { path: p, sparse } => Held::Path(p, sparse),
+            FileSource::Stream(r)
+                if size < GROUP_FILE_MAX
+                    && self.later_stream + size as usize <= layout::STREAM_DEFER_MAX =>
+            {
+                self.later_stream += size as usize;
+                Held::Bytes(read_exact_stream(r, size, path)?)
+            }
+            // A large stream-fed file, or too much held already: placed now.
+            FileSource::Stream(r) => return self.place(path, node, size, FileSource::Stream(r)),
+        };
+        self.later.push(Later {
+            class,
+            path: path.to_vec(),
+            node,
+            size,
+            data,
+        });
+        Ok(())
+    }
+
+    /// Sends a file's data to the pool: grouped with its neighbours if small, else cut into chunks.
+    fn place(
+        &mut self,
+        path: &[u8],
+        node: NodeId,
+        size: u64,
+        data: FileSource<'_>,
+    ) -> Result<(), BuildError> {
+        let cs = self.opts.chunk_size;
+        let n = size.div_ceil(cs);
         if size < GROUP_FILE_MAX {
             let d = match data {
                 FileSource::Path { path: p, sparse } => ChunkData::File {
@@ -286,6 +357,33 @@ impl LayerBuilder {
             }
         }
         Ok(())
+    }
+
+    /// Places the deferred files once the source is done: Python sources that no bytecode shadows,
+    /// then the cold files, each in source order (see [`crate::layout`]).
+    fn place_later(&mut self) -> Result<(), BuildError> {
+        let later = std::mem::take(&mut self.later);
+        let compiled = std::mem::take(&mut self.compiled);
+        let (sources, cold): (Vec<Later>, Vec<Later>) = later
+            .into_iter()
+            .partition(|l| l.class == Class::Source && !compiled.shadows(&l.path));
+        for part in [sources, cold] {
+            self.flush_group()?;
+            for l in part {
+                match l.data {
+                    Held::Path(p, sparse) => {
+                        let src = FileSource::Path { path: p, sparse };
+                        self.place(&l.path, l.node, l.size, src)?;
+                    }
+                    Held::Bytes(b) => {
+                        let mut r: &[u8] = &b;
+                        self.place(&l.path, l.node, l.size, FileSource::Stream(&mut r))?;
+                    }
+                }
+            }
+        }
+        self.later_stream = 0;
+        self.flush_group()
     }
 }
 
@@ -420,6 +518,7 @@ pub fn build_with(
     let mut b = LayerBuilder::new(opts, pool);
     source(&mut b)?;
     b.flush_group()?;
+    b.place_later()?;
     let LayerBuilder {
         mut tree,
         pool,
@@ -601,4 +700,80 @@ fn finish(
     };
     let digest = store.put_layer(&descriptor)?;
     Ok(BuiltLayer { digest, descriptor })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds the tree `src` holding `files` (path, content) with `layout` into a new store; the layer
+    /// digest and each file's chunk index in the blob.
+    fn built(
+        src: &Path,
+        files: &[(&str, Vec<u8>)],
+        layout: Layout,
+    ) -> (Digest, HashMap<String, usize>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("file://{}", dir.path().join("store").display());
+        let store = Store::open(&url).expect("store");
+        let mut opts = BuildOptions::new(LayerKind::Base);
+        opts.layout = layout;
+        let layer = build_dir(&store, src, opts).expect("build");
+        let toc = store
+            .get_toc(&layer.descriptor.blobs[0])
+            .expect("table of contents");
+        let at = files
+            .iter()
+            .map(|(p, content)| {
+                let d = Digest::of(content);
+                let i = toc.chunks.iter().position(|c| c.digest == d);
+                (p.to_string(), i.expect("chunk in blob"))
+            })
+            .collect();
+        (layer.digest, at)
+    }
+
+    #[test]
+    fn run_first_layout_puts_what_programs_skip_last() {
+        // Distinct, larger than inline; a big file is cut into chunks, the others grouped.
+        let body = |tag: &str, n: usize| tag.repeat(n / tag.len() + 1).into_bytes();
+        let files = [
+            ("pkg/__init__.py", body("init source ", 4000)),
+            (
+                "pkg/__pycache__/__init__.cpython-311.pyc",
+                body("init pyc ", 4000),
+            ),
+            ("pkg/_core.so", body("shared object ", 200_000)),
+            ("pkg/plain.py", body("no bytecode ", 4000)),
+            ("pkg/stubs.pyi", body("stub ", 4000)),
+            ("pkg/tests/test_core.py", body("a test ", 4000)),
+            ("pkg/zlast.pyc", body("last pyc ", 4000)),
+            ("usr/share/doc/pkg/README", body("readme ", 4000)),
+        ];
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (p, content) in &files {
+            let p = dir.path().join(p);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&p, content).expect("write");
+        }
+        let (digest, at) = built(dir.path(), &files, Layout::RunFirst);
+        let i = |p: &str| at[p];
+        // Run-time files (small ones grouped, so not strictly in order with large ones), then
+        // unshadowed sources, then the cold ones in source order.
+        let run = [
+            "pkg/__pycache__/__init__.cpython-311.pyc",
+            "pkg/_core.so",
+            "pkg/zlast.pyc",
+        ];
+        assert!(run.iter().all(|p| i(p) < i("pkg/plain.py")), "{at:?}");
+        assert!(i("pkg/plain.py") < i("pkg/__init__.py"));
+        assert!(i("pkg/__init__.py") < i("pkg/stubs.pyi"));
+        assert!(i("pkg/stubs.pyi") < i("pkg/tests/test_core.py"));
+        assert!(i("pkg/tests/test_core.py") < i("usr/share/doc/pkg/README"));
+        // Deterministic; the source layout keeps the walk's order (another blob, another digest).
+        assert_eq!(built(dir.path(), &files, Layout::RunFirst).0, digest);
+        let (source, at) = built(dir.path(), &files, Layout::Source);
+        assert_ne!(source, digest);
+        assert!(at["pkg/__init__.py"] < at["pkg/__pycache__/__init__.cpython-311.pyc"]);
+    }
 }

@@ -20,6 +20,7 @@ pub mod chunker;
 pub mod chunkmap;
 pub mod flatten;
 pub mod import;
+pub mod layout;
 mod lower;
 pub mod oci;
 
