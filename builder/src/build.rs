@@ -706,10 +706,16 @@ fn finish(
 mod tests {
     use super::*;
 
-    /// Builds the tree `src` holding `files` (path, content) with `layout` into a new store; the layer
-    /// digest and each file's chunk index in the blob.
+    /// Where a test layer comes from: a directory, or a tar stream of the files.
+    enum Src<'a> {
+        Dir(&'a Path),
+        Tar,
+    }
+
+    /// Builds `files` (path, content) — the tree of a directory holding them, or a tar of them in
+    /// order — with `layout` into a new store; the layer digest and each file's chunk index in the blob.
     fn built(
-        src: &Path,
+        src: Src<'_>,
         files: &[(&str, Vec<u8>)],
         layout: Layout,
     ) -> (Digest, HashMap<String, usize>) {
@@ -718,7 +724,25 @@ mod tests {
         let store = Store::open(&url).expect("store");
         let mut opts = BuildOptions::new(LayerKind::Base);
         opts.layout = layout;
-        let layer = build_dir(&store, src, opts).expect("build");
+        let layer = match src {
+            Src::Dir(d) => build_dir(&store, d, opts),
+            Src::Tar => {
+                let mut b = tar::Builder::new(Vec::new());
+                for (p, content) in files {
+                    let mut h = tar::Header::new_gnu();
+                    h.set_size(content.len() as u64);
+                    h.set_mode(0o644);
+                    h.set_uid(0);
+                    h.set_gid(0);
+                    h.set_mtime(0);
+                    h.set_entry_type(tar::EntryType::Regular);
+                    b.append_data(&mut h, p, &content[..]).expect("tar entry");
+                }
+                let bytes = b.into_inner().expect("tar");
+                build_tar(&store, Box::new(std::io::Cursor::new(bytes)), opts)
+            }
+        }
+        .expect("build");
         let toc = store
             .get_toc(&layer.descriptor.blobs[0])
             .expect("table of contents");
@@ -756,7 +780,10 @@ mod tests {
             std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
             std::fs::write(&p, content).expect("write");
         }
-        let (digest, at) = built(dir.path(), &files, Layout::RunFirst);
+        let (digest, at) = built(Src::Dir(dir.path()), &files, Layout::RunFirst);
+        // A tar stream gets the same order (its small files held back in memory).
+        let (_, tar_at) = built(Src::Tar, &files, Layout::RunFirst);
+        assert_eq!(tar_at, at);
         let i = |p: &str| at[p];
         // Run-time files (small ones grouped, so not strictly in order with large ones), then
         // unshadowed sources, then the cold ones in source order.
@@ -771,8 +798,9 @@ mod tests {
         assert!(i("pkg/stubs.pyi") < i("pkg/tests/test_core.py"));
         assert!(i("pkg/tests/test_core.py") < i("usr/share/doc/pkg/README"));
         // Deterministic; the source layout keeps the walk's order (another blob, another digest).
-        assert_eq!(built(dir.path(), &files, Layout::RunFirst).0, digest);
-        let (source, at) = built(dir.path(), &files, Layout::Source);
+        let again = built(Src::Dir(dir.path()), &files, Layout::RunFirst).0;
+        assert_eq!(again, digest);
+        let (source, at) = built(Src::Dir(dir.path()), &files, Layout::Source);
         assert_ne!(source, digest);
         assert!(at["pkg/__init__.py"] < at["pkg/__pycache__/__init__.cpython-311.pyc"]);
     }

@@ -13,8 +13,10 @@
 //! 1. *run-time* files: everything not below, in source order, sent to the chunk pool as they come;
 //! 2. Python sources (`X.py`) that nothing compiled shadows, in source order;
 //! 3. *cold* files, in source order: files below a directory named `tests` or `test`, under
-//!    `usr/share/{doc,man,info}`, type stubs and headers (`.pyi`, `.pxd`, `.pyx`, `.h`, `.hpp`), and
-//!    Python sources shadowed by bytecode (`D/__pycache__/X.*.pyc` or `D/X.pyc` in the same layer).
+//!    `usr/share/{doc,man,info,locale}` (translations are read only in that language), type stubs,
+//!    headers, static libraries and objects (`.pyi`, `.pxd`, `.pyx`, `.h`, `.hpp`, `.a`, `.o`: read by
+//!    type checkers, compilers and linkers, not by the programs they build), and Python sources
+//!    shadowed by bytecode (`D/__pycache__/X.*.pyc` or `D/X.pyc` in the same layer).
 //!
 //! Only where a file's data lies changes, never what a path holds; the order depends on the paths alone,
 //! so the same input still gives the same digests. Data is deferred only when that costs no memory
@@ -64,6 +66,10 @@ pub enum Class {
     Cold,
 }
 
+/// Extensions of files programs do not read at run time: type stubs, Cython declarations and sources,
+/// C headers (compilers read them), static libraries and objects (linkers read them).
+const COLD_EXTENSIONS: [&[u8]; 7] = [b"pyi", b"pxd", b"pyx", b"h", b"hpp", b"a", b"o"];
+
 fn components(path: &[u8]) -> impl Iterator<Item = &[u8]> {
     path.split(|&b| b == b'/')
         .filter(|c| !c.is_empty() && *c != b".")
@@ -79,7 +85,7 @@ pub fn classify(path: &[u8]) -> Class {
         return Class::Cold;
     }
     if let [b"usr", b"share", d, ..] = dirs {
-        if [&b"doc"[..], b"man", b"info"].contains(d) {
+        if [&b"doc"[..], b"man", b"info", b"locale"].contains(d) {
             return Class::Cold;
         }
     }
@@ -88,7 +94,7 @@ pub fn classify(path: &[u8]) -> Class {
         Some(p) if p > 0 => &name[p + 1..],
         _ => b"",
     };
-    if [&b"pyi"[..], b"pxd", b"pyx", b"h", b"hpp"].contains(&ext) {
+    if COLD_EXTENSIONS.contains(&ext) {
         return Class::Cold;
     }
     match name.ends_with(b".py") && name.len() > 3 {
@@ -176,6 +182,8 @@ mod tests {
             b"usr/share/man/man1/git.1.gz",
             b"usr/lib/python3/dist-packages/numpy/__init__.pyi",
             b"usr/include/stdio.h",
+            b"usr/lib/x86_64-linux-gnu/libc.a",
+            b"usr/share/locale/de/LC_MESSAGES/git.mo",
         ];
         for p in cold {
             assert_eq!(classify(p), Class::Cold, "{}", String::from_utf8_lossy(p));

@@ -44,7 +44,8 @@ pub struct BuildArgs {
     #[arg(long, default_value_t = 3)]
     pub level: i32,
     /// Order of file data in the blob: run-first (files programs read at run time first; Python
-    /// sources shadowed by bytecode, tests, docs, stubs and headers last) or source (walk/tar order).
+    /// sources shadowed by bytecode, tests, docs, translations, stubs, headers and static libraries
+    /// last) or source (walk/tar order).
     #[arg(long, default_value = "run-first")]
     pub layout: strata_builder::layout::Layout,
     /// Worker threads (default: all cores).
