@@ -35,7 +35,12 @@ measurement after waiting for an idle CPU (< 15 % busy over 1 s, up to QUIET_MAX
 cache; it prints medians and per-run ratios (strata / reference) and appends JSON lines to
 benches/results/coldstart-<stamp>.jsonl. Environment: BENCH_DATA (/var/tmp/strata-bench), CARGO_TARGET_DIR
 (/var/tmp/strata-target) for the release strata, stratad and linkproxy binaries, STRATAD (another stratad), QUIET_MAX (120), RTT_MS
-(20), MBIT (1000), STRATAD_ARGS (extra flags for stratad, e.g. "--max-fetch-span 1M").
+(20), MBIT (1000), STRATAD_ARGS (extra flags for stratad, e.g. "--max-fetch-span 1M"), IMAGES (the images
+`local` and `link` measure, comma-separated, each from a fresh daemon in every run against the same
+reference measurement, default fat:v1; an item may add stratad flags after a space: e.g. fat:v1,fatrf:v1
+compares two builds of the fat tree in one run, "fat:v1,fat:v1 --max-fetch-span 4M" two daemon settings;
+rows and summaries carry the item as `image`). WORKLOAD (a shell command run instead of the import, e.g.
+"gcc --version && python3 -c 'import scipy.optimize'").
 """
 import argparse, ctypes, email.utils, http.server, urllib.parse, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time
 
@@ -48,9 +53,12 @@ D = os.environ.get("BENCH_DATA", "/var/tmp/strata-bench")
 CS = f"{D}/cs"
 STORE = f"file://{CS}/store"
 IMPORT = ["python3", "-c", "import numpy, pandas"]
+if os.environ.get("WORKLOAD"):
+    IMPORT = ["sh", "-c", os.environ["WORKLOAD"]]
 STAMP = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
 RESULTS = f"{HERE}/results/coldstart-{STAMP}.jsonl"
 EXTRA = os.environ.get("STRATAD_ARGS", "").split()
+IMAGES = os.environ.get("IMAGES", "fat:v1").split(",")
 
 
 def log(*a):
@@ -163,13 +171,19 @@ def record(bench, run, **fields):
     return row
 
 
-def summary(bench, rows, a="strata", b="reference", extra=()):
+def summaries(bench, rows, extra=(), images=None):
+    """One summary per image measured (see IMAGES)."""
+    return [summary(bench, [r for r in rows if r.get("image", im) == im], extra=extra, image=im)
+            for im in (images or IMAGES)]
+
+
+def summary(bench, rows, a="strata", b="reference", extra=(), **fields):
     sa = statistics.median(r[a] for r in rows)
     sb = statistics.median(r[b] for r in rows)
     ratios = [r[a] / r[b] for r in rows]
     out = dict(bench=bench, summary=True, runs=len(rows), strata_median=sa, reference_median=sb,
                ratio_of_medians=sa / sb, ratio_median=statistics.median(ratios), ratios=ratios,
-               busy=[round(r["busy"]) for r in rows], loadavg=os.getloadavg()[0])
+               busy=[round(r["busy"]) for r in rows], loadavg=os.getloadavg()[0], **fields)
     for k in extra:
         out[k + "_median"] = statistics.median(r[k] for r in rows)
     with open(RESULTS, "a") as f:
@@ -263,24 +277,26 @@ def make_inherit():
 
 # ---------------------------------------------------------------- local cold start
 
-def bench_local(runs, image="fat:v1", label="local"):
+def bench_local(runs, images=None, label="local"):
     meta, devs = materialized("fat")
     mnt = tempfile.mkdtemp(prefix="strata-cs-erofs-", dir="/var/tmp")
     rows = []
     try:
         for i in range(runs):
-            d = Daemon(STORE)
-            try:
-                busy = wait_quiet()
-                drop_caches()
-                t = time.perf_counter()
-                sb = d.mount(image, "s")
-                t_mount = time.perf_counter() - t
-                timed(bwrap(sb["rootfs"], IMPORT))
-                strata = time.perf_counter() - t
-                sb = d.sandbox("s")
-            finally:
-                d.stop()
+            got = []
+            for image in images or IMAGES:
+                d = Daemon(STORE, args=image.split()[1:])
+                try:
+                    busy = wait_quiet()
+                    drop_caches()
+                    t = time.perf_counter()
+                    sb = d.mount(image.split()[0], "s")
+                    t_mount = time.perf_counter() - t
+                    timed(bwrap(sb["rootfs"], IMPORT))
+                    strata = time.perf_counter() - t
+                    got.append((image, strata, t_mount, d.sandbox("s"), busy))
+                finally:
+                    d.stop()
             busy2 = wait_quiet()
             drop_caches()
             t = time.perf_counter()
@@ -291,12 +307,13 @@ def bench_local(runs, image="fat:v1", label="local"):
                 ref = time.perf_counter() - t
             finally:
                 umount(mnt)
-            rows.append(record(label, i, strata=strata, strata_mount=t_mount, reference=ref,
-                               reference_mount=r_mount, fetched=sb["fetched_bytes"], stored=sb["image_bytes"],
-                               busy=max(busy, busy2)))
+            for image, strata, t_mount, sb, busy in got:
+                rows.append(record(label, i, image=image, strata=strata, strata_mount=t_mount, reference=ref,
+                                   reference_mount=r_mount, fetched=sb["fetched_bytes"],
+                                   stored=sb["image_bytes"], busy=max(busy, busy2)))
     finally:
         os.rmdir(mnt)
-    return summary(label, rows, extra=("strata_mount", "reference_mount", "fetched"))
+    return summaries(label, rows, extra=("strata_mount", "reference_mount", "fetched"), images=images)
 
 
 # ---------------------------------------------------------------- stat walk
@@ -527,7 +544,7 @@ def kernel_erofs_time(meta, devs, mnt):
         umount(mnt)
 
 
-def bench_link(runs, rtt_ms, mbit, image="fat:v1", label="link"):
+def bench_link(runs, rtt_ms, mbit, images=None, label="link"):
     """Beside eager, the *link floor*: kernel EROFS locally plus one round trip plus the time the link
     needs for the bytes strata fetched for the workload; and the eager tar.zst's download alone."""
     s3 = S3(rtt_ms, mbit)
@@ -541,20 +558,22 @@ def bench_link(runs, rtt_ms, mbit, image="fat:v1", label="link"):
         url = f"http://127.0.0.1:{s3.pport}/bench/fat.tar.zst"
         tarsize = os.path.getsize(f"{CS}/fat.tar.zst")
         for i in range(runs):
-            d = Daemon(store, env=s3.env())
-            try:
-                busy = wait_quiet()
-                drop_caches()
-                b0 = s3.down_bytes()
-                t = time.perf_counter()
-                sb = d.mount(image, "s")
-                t_mount = time.perf_counter() - t
-                timed(bwrap(sb["rootfs"], IMPORT))
-                strata = time.perf_counter() - t
-                link_bytes = s3.down_bytes() - b0
-                sb = d.sandbox("s")
-            finally:
-                d.stop()
+            got = []
+            for image in images or IMAGES:
+                d = Daemon(store, env=s3.env(), args=image.split()[1:])
+                try:
+                    busy = wait_quiet()
+                    drop_caches()
+                    b0 = s3.down_bytes()
+                    t = time.perf_counter()
+                    sb = d.mount(image.split()[0], "s")
+                    t_mount = time.perf_counter() - t
+                    timed(bwrap(sb["rootfs"], IMPORT))
+                    strata = time.perf_counter() - t
+                    link_bytes = s3.down_bytes() - b0
+                    got.append((image, strata, t_mount, link_bytes, d.sandbox("s"), busy))
+                finally:
+                    d.stop()
             root = f"{work}/root"
             shutil.rmtree(root, ignore_errors=True)
             os.makedirs(root)
@@ -567,18 +586,19 @@ def bench_link(runs, rtt_ms, mbit, image="fat:v1", label="link"):
             ref = time.perf_counter() - t
             shutil.rmtree(root, ignore_errors=True)
             kernel = kernel_erofs_time(meta, devs, mnt)
-            floor = kernel + float(rtt_ms) / 1000 + sb["fetched_bytes"] / bps
-            rows.append(record(label, i, strata=strata, strata_mount=t_mount, reference=ref, reference_pull=t_pull,
-                               link_bytes=link_bytes, fetched=sb["fetched_bytes"], stored=sb["image_bytes"],
-                               tar_zst=tarsize, link_fraction=link_bytes / sb["image_bytes"],
-                               kernel=kernel, link_floor=floor, eager_download=tarsize / bps,
-                               to_floor=strata / floor, busy=max(busy, busy2)))
+            for image, strata, t_mount, link_bytes, sb, busy in got:
+                floor = kernel + float(rtt_ms) / 1000 + sb["fetched_bytes"] / bps
+                rows.append(record(label, i, image=image, strata=strata, strata_mount=t_mount, reference=ref,
+                                   reference_pull=t_pull, link_bytes=link_bytes, fetched=sb["fetched_bytes"],
+                                   stored=sb["image_bytes"], tar_zst=tarsize,
+                                   link_fraction=link_bytes / sb["image_bytes"], kernel=kernel, link_floor=floor,
+                                   eager_download=tarsize / bps, to_floor=strata / floor, busy=max(busy, busy2)))
     finally:
         s3.stop()
         shutil.rmtree(work, ignore_errors=True)
         os.rmdir(mnt)
-    return summary(label, rows, extra=("strata_mount", "reference_pull", "link_bytes", "fetched", "link_fraction",
-                                        "kernel", "link_floor", "eager_download", "to_floor"))
+    return summaries(label, rows, extra=("strata_mount", "reference_pull", "link_bytes", "fetched", "link_fraction",
+                                        "kernel", "link_floor", "eager_download", "to_floor"), images=images)
 
 
 def main():
@@ -607,7 +627,7 @@ def main():
     if "local" in what:
         bench_local(a.runs or 5)
         if "inherit" in what:
-            bench_local(a.runs or 5, "fatws:v1", "local-inherit")
+            bench_local(a.runs or 5, ["fatws:v1"], "local-inherit")
     if "stat" in what:
         bench_stat(a.runs or 5)
     if "seq" in what:
@@ -618,7 +638,7 @@ def main():
         rtt, mbit = os.environ.get("RTT_MS", "20"), os.environ.get("MBIT", "1000")
         bench_link(a.runs or 3, rtt, mbit)
         if "inherit" in what:
-            bench_link(a.runs or 3, rtt, mbit, "fatws:v1", "link-inherit")
+            bench_link(a.runs or 3, rtt, mbit, ["fatws:v1"], "link-inherit")
 
 
 if __name__ == "__main__":

@@ -2,12 +2,13 @@
 //!
 //! [`LayerBuilder`] is the [`EntrySink`] every source feeds. It places entries in the [`Tree`] and turns
 //! regular files into work for the chunk [`Pool`]: tiny files stay inline in the metadata, small files
-//! are grouped into shared frames, larger files are cut into fixed-size chunks. When the source is done
-//! the pool seals the blob; chunk digests are resolved to `(device, block)` — the new blob is device 1,
-//! followed by the parents' blobs that the layer still references, then the foreign blobs the store-wide
-//! index found chunks in ([`crate::dedup`]) — and the EROFS writer lays out the metadata. Objects are
-//! stored in dependency order: blob, its index segment, metadata, then the descriptor, so a failure at
-//! any point leaves nothing referenced.
+//! are grouped into shared frames, larger files are cut into fixed-size chunks, in the order
+//! [`crate::layout`] gives (files read at run time first). When the source is done the pool seals the
+//! blob; chunk digests are resolved to `(device, block)` — the new blob is device 1, followed by the
+//! parents' blobs that the layer still references, then the foreign blobs the store-wide index found
+//! chunks in ([`crate::dedup`]) — and the EROFS writer lays out the metadata. Objects are stored in
+//! dependency order: blob, its index segment, metadata, then the descriptor, so a failure at any point
+//! leaves nothing referenced.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -29,6 +30,7 @@ use crate::dedup::{DedupReport, Known};
 use crate::devices::Devices;
 use crate::erofs;
 use crate::error::BuildError;
+use crate::layout::{self, Class, Compiled, Layout};
 use crate::source::{Entry, EntryKind, EntrySink, Existing, FileSource};
 use crate::tree::{FileData, Meta, NodeId, NodeKind, Tree, OPAQUE_XATTR};
 
@@ -79,6 +81,8 @@ pub struct BuildOptions {
     pub max_foreign_blobs: usize,
     /// A foreign blob giving the layer fewer bytes than this is not referenced: its chunks are copied.
     pub min_foreign_bytes: u64,
+    /// The order of file data in the blob (see [`crate::layout`]).
+    pub layout: Layout,
 }
 
 /// See [`BuildOptions::keep_whiteout`].
@@ -105,6 +109,7 @@ impl BuildOptions {
             index: None,
             max_foreign_blobs: crate::dedup::MAX_FOREIGN_BLOBS,
             min_foreign_bytes: crate::dedup::MIN_FOREIGN_BYTES,
+            layout: Layout::default(),
         }
     }
 
@@ -142,6 +147,27 @@ pub struct LayerBuilder {
     group: Vec<(NodeId, ChunkData)>,
     group_bytes: usize,
     stats: LayerStats,
+    /// Compiled Python modules seen, for [`LayerBuilder::place_later`].
+    compiled: Compiled,
+    /// Files whose data the layout places after the run-time files, in source order.
+    later: Vec<Later>,
+    /// Bytes of stream-fed data held in `later`.
+    later_stream: usize,
+}
+
+/// A file whose data is placed once the source is done.
+struct Later {
+    class: Class,
+    path: Vec<u8>,
+    node: NodeId,
+    size: u64,
+    data: Held,
+}
+
+/// Where a deferred file's data is: on disk, or read from the stream already.
+enum Held {
+    Path(PathBuf, bool),
+    Bytes(Vec<u8>),
 }
 
 impl LayerBuilder {
@@ -153,6 +179,9 @@ impl LayerBuilder {
             group: Vec::new(),
             group_bytes: 0,
             stats: LayerStats::default(),
+            compiled: Compiled::default(),
+            later: Vec::new(),
+            later_stream: 0,
         }
     }
 
@@ -176,6 +205,9 @@ impl LayerBuilder {
             .files_done
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let shown = || String::from_utf8_lossy(path).into_owned();
+        if self.opts.layout == Layout::RunFirst {
+            self.compiled.note(path);
+        }
         if size <= self.opts.inline_max {
             let mut bytes = Vec::with_capacity(size as usize);
             match data {
@@ -218,6 +250,45 @@ impl LayerBuilder {
             },
         )?;
         self.stats.chunks += n;
+        let class = match self.opts.layout {
+            Layout::RunFirst => layout::classify(path),
+            Layout::Source => Class::Run,
+        };
+        if class == Class::Run {
+            return self.place(path, node, size, data);
+        }
+        let data = match data {
+            FileSource::Path { path: p, sparse } => Held::Path(p, sparse),
+            FileSource::Stream(r)
+                if size < GROUP_FILE_MAX
+                    && self.later_stream + size as usize <= layout::STREAM_DEFER_MAX =>
+            {
+                self.later_stream += size as usize;
+                Held::Bytes(read_exact_stream(r, size, path)?)
+            }
+            // A large stream-fed file, or too much held already: placed now.
+            FileSource::Stream(r) => return self.place(path, node, size, FileSource::Stream(r)),
+        };
+        self.later.push(Later {
+            class,
+            path: path.to_vec(),
+            node,
+            size,
+            data,
+        });
+        Ok(())
+    }
+
+    /// Sends a file's data to the pool: grouped with its neighbours if small, else cut into chunks.
+    fn place(
+        &mut self,
+        path: &[u8],
+        node: NodeId,
+        size: u64,
+        data: FileSource<'_>,
+    ) -> Result<(), BuildError> {
+        let cs = self.opts.chunk_size;
+        let n = size.div_ceil(cs);
         if size < GROUP_FILE_MAX {
             let d = match data {
                 FileSource::Path { path: p, sparse } => ChunkData::File {
@@ -265,6 +336,33 @@ impl LayerBuilder {
             }
         }
         Ok(())
+    }
+
+    /// Places the deferred files once the source is done: Python sources that no bytecode shadows,
+    /// then the cold files, each in source order (see [`crate::layout`]).
+    fn place_later(&mut self) -> Result<(), BuildError> {
+        let later = std::mem::take(&mut self.later);
+        let compiled = std::mem::take(&mut self.compiled);
+        let (sources, cold): (Vec<Later>, Vec<Later>) = later
+            .into_iter()
+            .partition(|l| l.class == Class::Source && !compiled.shadows(&l.path));
+        for part in [sources, cold] {
+            self.flush_group()?;
+            for l in part {
+                match l.data {
+                    Held::Path(p, sparse) => {
+                        let src = FileSource::Path { path: p, sparse };
+                        self.place(&l.path, l.node, l.size, src)?;
+                    }
+                    Held::Bytes(b) => {
+                        let mut r: &[u8] = &b;
+                        self.place(&l.path, l.node, l.size, FileSource::Stream(&mut r))?;
+                    }
+                }
+            }
+        }
+        self.later_stream = 0;
+        self.flush_group()
     }
 }
 
@@ -402,6 +500,7 @@ pub fn build_with(
     let mut b = LayerBuilder::new(opts, pool);
     source(&mut b)?;
     b.flush_group()?;
+    b.place_later()?;
     // Foreign blobs that give the layer too little are given up: their chunks go into the new blob.
     b.pool.drain()?;
     for (blob, blocks) in known.prune(b.opts.min_foreign_bytes) {
@@ -524,4 +623,110 @@ fn finish(
         descriptor,
         dedup,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// Where a test layer comes from: a directory, or a tar stream of the files.
+    enum Src<'a> {
+        Dir(&'a Path),
+        Tar,
+    }
+
+    /// Builds `files` (path, content) — the tree of a directory holding them, or a tar of them in
+    /// order — with `layout` into a new store; the layer digest and each file's chunk index in the blob.
+    fn built(
+        src: Src<'_>,
+        files: &[(&str, Vec<u8>)],
+        layout: Layout,
+    ) -> (Digest, HashMap<String, usize>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("file://{}", dir.path().join("store").display());
+        let store = Store::open(&url).expect("store");
+        let mut opts = BuildOptions::new(LayerKind::Base);
+        opts.layout = layout;
+        let layer = match src {
+            Src::Dir(d) => build_dir(&store, d, opts),
+            Src::Tar => {
+                let mut b = tar::Builder::new(Vec::new());
+                for (p, content) in files {
+                    let mut h = tar::Header::new_gnu();
+                    h.set_size(content.len() as u64);
+                    h.set_mode(0o644);
+                    h.set_uid(0);
+                    h.set_gid(0);
+                    h.set_mtime(0);
+                    h.set_entry_type(tar::EntryType::Regular);
+                    b.append_data(&mut h, p, &content[..]).expect("tar entry");
+                }
+                let bytes = b.into_inner().expect("tar");
+                build_tar(&store, Box::new(std::io::Cursor::new(bytes)), opts)
+            }
+        }
+        .expect("build");
+        let toc = store
+            .get_toc(&layer.descriptor.blobs[0])
+            .expect("table of contents");
+        let at = files
+            .iter()
+            .map(|(p, content)| {
+                let d = Digest::of(content);
+                let i = toc.chunks.iter().position(|c| c.digest == d);
+                (p.to_string(), i.expect("chunk in blob"))
+            })
+            .collect();
+        (layer.digest, at)
+    }
+
+    #[test]
+    fn run_first_layout_puts_what_programs_skip_last() {
+        // Distinct, larger than inline; a big file is cut into chunks, the others grouped.
+        let body = |tag: &str, n: usize| tag.repeat(n / tag.len() + 1).into_bytes();
+        let files = [
+            ("pkg/__init__.py", body("init source ", 4000)),
+            (
+                "pkg/__pycache__/__init__.cpython-311.pyc",
+                body("init pyc ", 4000),
+            ),
+            ("pkg/_core.so", body("shared object ", 200_000)),
+            ("pkg/plain.py", body("no bytecode ", 4000)),
+            ("pkg/stubs.pyi", body("stub ", 4000)),
+            ("pkg/tests/test_core.py", body("a test ", 4000)),
+            ("pkg/zlast.pyc", body("last pyc ", 4000)),
+            ("usr/share/doc/pkg/README", body("readme ", 4000)),
+        ];
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (p, content) in &files {
+            let p = dir.path().join(p);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&p, content).expect("write");
+        }
+        let (digest, at) = built(Src::Dir(dir.path()), &files, Layout::RunFirst);
+        // A tar stream gets the same order (its small files held back in memory).
+        let (_, tar_at) = built(Src::Tar, &files, Layout::RunFirst);
+        assert_eq!(tar_at, at);
+        let i = |p: &str| at[p];
+        // Run-time files (small ones grouped, so not strictly in order with large ones), then
+        // unshadowed sources, then the cold ones in source order.
+        let run = [
+            "pkg/__pycache__/__init__.cpython-311.pyc",
+            "pkg/_core.so",
+            "pkg/zlast.pyc",
+        ];
+        assert!(run.iter().all(|p| i(p) < i("pkg/plain.py")), "{at:?}");
+        assert!(i("pkg/plain.py") < i("pkg/__init__.py"));
+        assert!(i("pkg/__init__.py") < i("pkg/stubs.pyi"));
+        assert!(i("pkg/stubs.pyi") < i("pkg/tests/test_core.py"));
+        assert!(i("pkg/tests/test_core.py") < i("usr/share/doc/pkg/README"));
+        // Deterministic; the source layout keeps the walk's order (another blob, another digest).
+        let again = built(Src::Dir(dir.path()), &files, Layout::RunFirst).0;
+        assert_eq!(again, digest);
+        let (source, at) = built(Src::Dir(dir.path()), &files, Layout::Source);
+        assert_ne!(source, digest);
+        assert!(at["pkg/__init__.py"] < at["pkg/__pycache__/__init__.cpython-311.pyc"]);
+    }
 }

@@ -23,6 +23,7 @@ pub mod dedup;
 mod devices;
 pub mod flatten;
 pub mod import;
+pub mod layout;
 mod lower;
 pub mod oci;
 

@@ -376,6 +376,9 @@ impl Fetcher {
                 last_frame = f;
                 claimed.push(j);
             }
+            // Where misses land, for studying layouts (`STRATA_LOG=strata_fs::fetch=debug`).
+            tracing::debug!(blob = %blob.blob.digest, chunk = i, at = base, span = max_span,
+                claimed = claimed.len(), "miss");
             let flights: Vec<Arc<Flight>> = claimed
                 .iter()
                 .map(|&j| {

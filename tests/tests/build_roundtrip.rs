@@ -80,17 +80,35 @@ fn roundtrip(store: &StoreEnv) {
     let src = work.path().join("src");
     std::fs::create_dir_all(&src).expect("src");
     generate_tree(&src);
-    let out = json(&store.ok(&[
-        "build",
-        src.to_str().expect("utf8"),
-        "--kind",
-        "base",
-        "-t",
-        "test/tree:v1",
-        "--json",
-    ]));
+    // Files the run-first layout moves (usr/share/doc is in the tree already): a Python package with
+    // bytecode, a source without, tests, a stub.
+    for (rel, text) in [
+        ("pkg/__init__.py", "source "),
+        ("pkg/__pycache__/__init__.cpython-311.pyc", "bytecode "),
+        ("pkg/plain.py", "plain "),
+        ("pkg/tests/test_pkg.py", "test "),
+        ("pkg/stub.pyi", "stub "),
+    ] {
+        let p = src.join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&p, text.repeat(1000)).expect("write");
+    }
+    // Without store-wide dedup, so that a second build stores its own blob rather than referencing the
+    // first one's (which gives another, equally valid, layer).
+    let build = |layout: &str, tag: &str| {
+        let src = src.to_str().expect("utf8");
+        let args = ["build", src, "--kind", "base", "--layout", layout, "--no-dedup"];
+        json(&store.ok(&[&args[..], &["-t", tag, "--json"]].concat()))
+    };
+    let out = build("run-first", "test/tree:v1");
     let layer = out["digest"].as_str().expect("digest").to_string();
     assert!(out["stats"]["new_chunks"].as_u64().expect("n") > 0);
+    // Deterministic: the same input gives the same layer; the source layout orders the blob otherwise.
+    assert_eq!(
+        build("run-first", "test/tree:again")["digest"],
+        out["digest"]
+    );
+    assert_ne!(build("source", "test/tree:source")["digest"], out["digest"]);
 
     // Inspect names the layer.
     let insp = json(&store.ok(&["inspect", "test/tree:v1", "--json"]));

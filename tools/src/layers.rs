@@ -43,6 +43,11 @@ pub struct BuildArgs {
     /// zstd level (1 to 22).
     #[arg(long, default_value_t = 3)]
     pub level: i32,
+    /// Order of file data in the blob: run-first (files programs read at run time first; Python
+    /// sources shadowed by bytecode, tests, docs, translations, stubs, headers and static libraries
+    /// last) or source (walk/tar order).
+    #[arg(long, default_value = "run-first")]
+    pub layout: strata_builder::layout::Layout,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -79,6 +84,7 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
     let mut opts = BuildOptions::new(a.kind);
     opts.chunk_size = a.chunk_size;
     opts.level = a.level;
+    opts.layout = a.layout;
     if let Some(t) = a.threads {
         opts.threads = t.max(1);
     }
