@@ -97,7 +97,15 @@ fn roundtrip(store: &StoreEnv) {
     // first one's (which gives another, equally valid, layer).
     let build = |layout: &str, tag: &str| {
         let src = src.to_str().expect("utf8");
-        let args = ["build", src, "--kind", "base", "--layout", layout, "--no-dedup"];
+        let args = [
+            "build",
+            src,
+            "--kind",
+            "base",
+            "--layout",
+            layout,
+            "--no-dedup",
+        ];
         json(&store.ok(&[&args[..], &["-t", tag, "--json"]].concat()))
     };
     let out = build("run-first", "test/tree:v1");
