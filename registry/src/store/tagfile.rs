@@ -13,7 +13,6 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -56,16 +55,13 @@ fn lock(root: &Path) -> Result<Lock, StoreError> {
 pub(super) fn flock(f: File, path: &Path) -> Result<Lock, StoreError> {
     let start = Instant::now();
     loop {
-        // SAFETY: flock on a descriptor we own.
-        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if r == 0 {
-            return Ok(Lock { _file: f });
+        match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(Lock { _file: f }),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK && start.elapsed() <= LOCK_WAIT => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(io(path, e.into())),
         }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) || start.elapsed() > LOCK_WAIT {
-            return Err(io(path, e));
-        }
-        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
