@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use strata_fs::api::Client;
+use strata_fs::api::{Client, ClientError, ErrorKind};
 use strata_prefetch::{layerplan, Plan, PlanEntry};
 use strata_registry::model::LayerDescriptor;
 use strata_registry::store::Store;
@@ -105,6 +105,23 @@ fn run_in(
     Ok(st.code().unwrap_or(128))
 }
 
+/// Removes the trace's own sandbox once the command is done. Its processes may take a moment to be gone
+/// after bubblewrap returns (the sandbox's PID 1 is torn down after its parent exits), so a sandbox still
+/// busy is asked again for up to 2 s, then removed with `force`: nothing else runs in it.
+fn remove_trace_sandbox(client: &Client, id: &str) -> Result<serde_json::Value, ClientError> {
+    let path = format!("/v1/sandboxes/{id}?purge=1");
+    for _ in 0..20 {
+        match client.call("DELETE", &path, None) {
+            Err(ClientError::Api {
+                kind: ErrorKind::Sandbox,
+                ..
+            }) => std::thread::sleep(std::time::Duration::from_millis(100)),
+            other => return other,
+        }
+    }
+    client.call("DELETE", &format!("{path}&force=1"), None)
+}
+
 /// `strata trace`.
 pub fn trace(store: &Store, socket: &Path, a: TraceArgs) -> Result<()> {
     let start = Instant::now();
@@ -142,7 +159,7 @@ pub fn trace(store: &Store, socket: &Path, a: TraceArgs) -> Result<()> {
     )?;
     let rootfs = PathBuf::from(sb["rootfs"].as_str().unwrap_or_default());
     let code = run_in(&rootfs, &manifest.config, &a.command);
-    let removed = client.call("DELETE", &format!("/v1/sandboxes/{id}?purge=1"), None);
+    let removed = remove_trace_sandbox(&client, &id);
     let entries = guard.stop()?;
     removed?;
     let code = code?;
