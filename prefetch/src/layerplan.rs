@@ -24,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 use strata_registry::digest::Digest;
 use strata_registry::model::LayerDescriptor;
-use strata_registry::store::{key, Store, StoreError};
+use strata_registry::store::{key, Store};
 
 use crate::plan::{get_pointed, put_pointed, PlanEntry, PlanError, PLAN_SCHEMA};
 
@@ -163,10 +163,8 @@ pub fn record_run(
         // A damaged plan is started again; a failing store stops the recording.
         let prev = match LayerPlan::get(store, layer) {
             Ok(p) => p,
-            Err(PlanError::Malformed { .. })
-            | Err(PlanError::Store(
-                StoreError::NotFound(_) | StoreError::Corrupt { .. } | StoreError::Malformed { .. },
-            )) => None,
+            Err(PlanError::Malformed { .. }) => None,
+            Err(PlanError::Store(e)) if e.is_damaged() => None,
             Err(e) => return Err(e),
         };
         LayerPlan::refine(prev.as_ref(), *layer, entries, MAX_ENTRIES).put(store)?;

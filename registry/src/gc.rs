@@ -41,7 +41,6 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::digest::Digest;
-use crate::index::condemn::sweep_blobs;
 use crate::store::{key, Store, StoreError};
 
 /// How to collect.
@@ -117,22 +116,11 @@ pub struct GcReport {
     pub keys: Vec<String>,
 }
 
-/// Swept here; `blobs/` (with their `index/` segments) by [`sweep_blobs`], by the same two steps.
-const SWEPT: [&str; 5] = ["meta", "layers", "manifests", "plans", "oci"];
+/// Swept (a blob's `index/` segment goes with it).
+const SWEPT: [&str; 6] = ["blobs", "meta", "layers", "manifests", "plans", "oci"];
 
 /// Where condemnation marks live ([`key::condemned`]).
 const MARKS: &str = "gc/condemned";
-
-/// True for an error that means the object is missing or damaged, as opposed to a store that failed.
-fn is_broken(e: &StoreError) -> bool {
-    matches!(
-        e,
-        StoreError::NotFound(_)
-            | StoreError::Corrupt { .. }
-            | StoreError::Malformed { .. }
-            | StoreError::Model(_)
-    )
-}
 
 /// Marks what tag `tag` (naming manifest `m`) reaches. Broken objects are passed to `broken` and marking
 /// goes on with the rest; a failing store stops it.
@@ -143,7 +131,7 @@ fn mark_image(
     broken: &mut dyn FnMut(StoreError) -> Result<(), GcError>,
 ) -> Result<(), GcError> {
     let mut check = |r: Result<(), StoreError>| match r {
-        Err(e) if is_broken(&e) => broken(e),
+        Err(e) if e.is_damaged() => broken(e),
         Err(e) => Err(GcError::Store(e)),
         Ok(()) => Ok(()),
     };
@@ -255,26 +243,18 @@ pub fn collect(store: &Store, o: &GcOptions) -> Result<GcReport, GcError> {
         .checked_sub(o.grace)
         .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
         .map_or(i64::MIN, |d| d.as_secs() as i64);
-    let blobs = sweep_blobs(store, &live, cutoff, o.grace.is_zero(), o.dry_run)?;
-    report.live += blobs.live;
-    report.young += blobs.young;
-    report.condemned += blobs.condemned;
-    report.condemned_bytes += blobs.condemned_bytes;
-    report.pending += blobs.pending;
-    for (k, size) in blobs.deleted {
-        report.deleted += 1;
-        report.deleted_bytes += size;
-        if report.keys.len() < 1000 {
-            report.keys.push(k);
-        }
-    }
-    // Marks of the other objects (blobs' marks are the blob sweep's).
     let mut marks: HashMap<String, i64> = store
         .list_info(MARKS)?
         .into_iter()
         .filter_map(|(k, _, t)| Some((k.strip_prefix(MARKS)?.strip_prefix('/')?.to_string(), t)))
-        .filter(|(k, _)| !k.starts_with("blobs/"))
         .collect();
+    // A blob's index segment (`index/<hex>`) lives and dies with the blob.
+    let mut segments: HashMap<String, (u64, i64)> = store
+        .list_info("index")?
+        .into_iter()
+        .filter_map(|(k, size, t)| Some((k.strip_prefix("index/")?.to_string(), (size, t))))
+        .collect();
+    let mut kept_blobs = HashSet::new();
     for prefix in SWEPT {
         for (k, size, modified) in store.list_info(prefix)? {
             let mark = marks.remove(&k);
@@ -291,40 +271,34 @@ pub fn collect(store: &Store, o: &GcOptions) -> Result<GcReport, GcError> {
                 match mark {
                     // Condemned at least `grace` ago and not written since: nothing took it up.
                     Some(t) if t <= cutoff && modified <= t => Verdict::Delete,
-                    Some(t) if modified <= t => {
-                        report.pending += 1;
-                        continue;
-                    }
+                    Some(t) if modified <= t => Verdict::Pending,
                     _ => Verdict::Condemn,
                 }
             };
-            match verdict {
-                Verdict::Keep => {
-                    if mark.is_some() && !o.dry_run {
-                        store.delete(&key::condemned(&k))?;
-                    }
-                }
-                Verdict::Condemn => {
-                    if !o.dry_run {
-                        store.put_index(&key::condemned(&k), b"condemned by gc\n".to_vec())?;
-                    }
-                    report.condemned += 1;
-                    report.condemned_bytes += size;
-                }
-                Verdict::Delete => {
-                    if !o.dry_run {
-                        store.delete(&k)?;
-                        if mark.is_some() {
-                            store.delete(&key::condemned(&k))?;
-                        }
-                    }
-                    report.deleted += 1;
-                    report.deleted_bytes += size;
-                    if report.keys.len() < 1000 {
-                        report.keys.push(k);
-                    }
-                }
+            let blob_hex = k.strip_prefix("blobs/").map(str::to_string);
+            if !matches!(verdict, Verdict::Delete) {
+                kept_blobs.extend(blob_hex.clone());
             }
+            apply(
+                store,
+                o,
+                &mut report,
+                verdict,
+                (&k, size),
+                mark.is_some(),
+                || {
+                    blob_hex
+                        .and_then(|h| segments.remove(&h).map(|(n, _)| (format!("index/{h}"), n)))
+                },
+            )?;
+        }
+    }
+    // Segments of kept blobs are live; one whose blob is gone goes once older than the grace period.
+    for (hex, (size, modified)) in segments {
+        if kept_blobs.contains(&hex) {
+            report.live += 1;
+        } else if modified <= cutoff {
+            remove(store, o, &mut report, &format!("index/{hex}"), size)?;
         }
     }
     // Marks of objects that are gone.
@@ -336,9 +310,68 @@ pub fn collect(store: &Store, o: &GcOptions) -> Result<GcReport, GcError> {
     Ok(report)
 }
 
+/// Carries out `verdict` on object `k` (with `marked`: it has a condemnation mark). A deleted blob's
+/// index segment (`segment()`) goes first, the mark last: a crash in between leaves a condemned object.
+fn apply(
+    store: &Store,
+    o: &GcOptions,
+    report: &mut GcReport,
+    verdict: Verdict,
+    (k, size): (&str, u64),
+    marked: bool,
+    segment: impl FnOnce() -> Option<(String, u64)>,
+) -> Result<(), StoreError> {
+    match verdict {
+        Verdict::Keep => {
+            if marked && !o.dry_run {
+                store.delete(&key::condemned(k))?;
+            }
+        }
+        Verdict::Pending => report.pending += 1,
+        Verdict::Condemn => {
+            if !o.dry_run {
+                store.put_index(&key::condemned(k), b"condemned by gc\n".to_vec())?;
+            }
+            report.condemned += 1;
+            report.condemned_bytes += size;
+        }
+        Verdict::Delete => {
+            if let Some((seg, n)) = segment() {
+                remove(store, o, report, &seg, n)?;
+            }
+            remove(store, o, report, k, size)?;
+            if marked && !o.dry_run {
+                store.delete(&key::condemned(k))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Deletes `k` (not in a dry run) and counts it.
+fn remove(
+    store: &Store,
+    o: &GcOptions,
+    report: &mut GcReport,
+    k: &str,
+    size: u64,
+) -> Result<(), StoreError> {
+    if !o.dry_run {
+        store.delete(k)?;
+    }
+    report.deleted += 1;
+    report.deleted_bytes += size;
+    if report.keys.len() < 1000 {
+        report.keys.push(k.to_string());
+    }
+    Ok(())
+}
+
 /// What the sweep does with one object.
 enum Verdict {
     Keep,
+    /// Condemned by an earlier run less than the grace period ago.
+    Pending,
     Condemn,
     Delete,
 }

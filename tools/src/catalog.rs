@@ -105,15 +105,8 @@ pub fn list(store: &Store, json_out: bool) -> Result<()> {
 /// True when an error means a missing or damaged object rather than a failing store.
 fn is_broken(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
-        matches!(
-            c.downcast_ref::<StoreError>(),
-            Some(
-                StoreError::NotFound(_)
-                    | StoreError::Corrupt { .. }
-                    | StoreError::Malformed { .. }
-                    | StoreError::Model(_)
-            )
-        )
+        c.downcast_ref::<StoreError>()
+            .is_some_and(StoreError::is_damaged)
     })
 }
 

@@ -119,6 +119,18 @@ impl StoreError {
         matches!(self, StoreError::NotFound(_))
     }
 
+    /// True when the object is missing or damaged (absent, corrupt, malformed), as opposed to a store
+    /// that failed or did not answer.
+    pub fn is_damaged(&self) -> bool {
+        matches!(
+            self,
+            StoreError::NotFound(_)
+                | StoreError::Corrupt { .. }
+                | StoreError::Malformed { .. }
+                | StoreError::Model(_)
+        )
+    }
+
     /// True when the store did not answer in time.
     pub fn is_timeout(&self) -> bool {
         matches!(self, StoreError::Timeout { .. })
