@@ -38,7 +38,8 @@ benches/results/coldstart-<stamp>.jsonl. Environment: BENCH_DATA (/var/tmp/strat
 (20), MBIT (1000), STRATAD_ARGS (extra flags for stratad, e.g. "--max-fetch-span 1M"), IMAGES (the images
 `local` and `link` measure, comma-separated, each from a fresh daemon in every run against the same
 reference measurement, default fat:v1; an item may add stratad flags after a space: e.g. fat:v1,fatrf:v1
-compares two builds of the fat tree in one run, "fat:v1,fat:v1 --max-fetch-span 4M" two daemon settings;
+compares two builds of the fat tree in one run, "fat:v1,fat:v1 --max-fetch-span 4M" two daemon settings,
+"fat:v1,fat:v1 stratad=/tmp/stratad-old" two stratad binaries;
 rows and summaries carry the item as `image`). WORKLOAD (a shell command run instead of the import, e.g.
 "gcc --version && python3 -c 'import scipy.optimize'").
 """
@@ -59,6 +60,14 @@ STAMP = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
 RESULTS = f"{HERE}/results/coldstart-{STAMP}.jsonl"
 EXTRA = os.environ.get("STRATAD_ARGS", "").split()
 IMAGES = os.environ.get("IMAGES", "fat:v1").split(",")
+
+
+def daemon_opts(image):
+    """The stratad options of an IMAGES item: the flags after the image's name, and `stratad=PATH` for
+    another binary (e.g. `fat:v1 stratad=/tmp/stratad-main` against the build under test)."""
+    words = image.split()[1:]
+    binary = [w.split("=", 1)[1] for w in words if w.startswith("stratad=")]
+    return {"args": [w for w in words if not w.startswith("stratad=")], "binary": (binary or [None])[0]}
 
 
 def log(*a):
@@ -137,9 +146,9 @@ def umount(path):
 
 # ---------------------------------------------------------------- stratad
 
-def Daemon(store, env=None, state=None, args=()):
+def Daemon(store, env=None, state=None, args=(), binary=None):
     """A fresh stratad (own state dir: empty chunk cache) with `$STRATAD_ARGS`; `stop()` when done."""
-    return stratad.Daemon(store, env=env, state=state, args=(*EXTRA, *args))
+    return stratad.Daemon(store, env=env, state=state, args=(*EXTRA, *args), binary=binary)
 
 
 def bwrap(root, cmd, ro=False):
@@ -285,7 +294,7 @@ def bench_local(runs, images=None, label="local"):
         for i in range(runs):
             got = []
             for image in images or IMAGES:
-                d = Daemon(STORE, args=image.split()[1:])
+                d = Daemon(STORE, **daemon_opts(image))
                 try:
                     busy = wait_quiet()
                     drop_caches()
@@ -560,7 +569,7 @@ def bench_link(runs, rtt_ms, mbit, images=None, label="link"):
         for i in range(runs):
             got = []
             for image in images or IMAGES:
-                d = Daemon(store, env=s3.env(), args=image.split()[1:])
+                d = Daemon(store, env=s3.env(), **daemon_opts(image))
                 try:
                     busy = wait_quiet()
                     drop_caches()

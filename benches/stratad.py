@@ -30,15 +30,16 @@ def call(sock, method, path, body=None):
 
 class Daemon:
     """A fresh stratad on `store`: state and runtime directories under `work` (a new directory under
-    /var/tmp unless given; removed by `stop`), extra `args`, environment `env` over this one's."""
+    /var/tmp unless given; removed by `stop`), extra `args`, environment `env` over this one's, another
+    `binary` than BIN["stratad"] if given."""
 
-    def __init__(self, store, work=None, env=None, state=None, args=(), quiet=False):
+    def __init__(self, store, work=None, env=None, state=None, args=(), quiet=False, binary=None):
         self.work = work or tempfile.mkdtemp(prefix="strata-bench-", dir="/var/tmp")
         self.state = state or f"{self.work}/state"
         self.run = f"{self.work}/run"
         self.sock = f"{self.run}/stratad.sock"
-        e = {**os.environ, "STRATA_LOG": "warn", **(env or {})}
-        self.p = subprocess.Popen([BIN["stratad"], "--config", "/dev/null", "--store", store, "--state-dir",
+        e = {**os.environ, "STRATA_LOG": os.environ.get("STRATA_LOG", "warn"), **(env or {})}
+        self.p = subprocess.Popen([binary or BIN["stratad"], "--config", "/dev/null", "--store", store, "--state-dir",
                                    self.state, "--runtime-dir", self.run, *args], env=e,
                                   stderr=subprocess.DEVNULL if quiet else None)
         for _ in range(600):

@@ -2,7 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use strata_registry::store::{Fault, Op};
+use std::sync::{Condvar, Mutex};
+
+use strata_registry::store::{Fault, ObjectMeta, Op, PutMode, StoreBackend, Version};
 
 use super::*;
 use crate::testkit::{bytes, Kit};
@@ -117,4 +119,192 @@ fn a_store_error_fails_the_read_and_the_next_read_fetches_again() {
     );
     let got = kit.fetcher.chunk(&blob, 0).expect("second read");
     assert_eq!(read(&got, data.len()), data);
+}
+
+/// A backend whose streamed reads hand over the first `first` bytes, then wait for the gate to open
+/// (or fail, if it was set to fail) before handing over the rest.
+struct Gated {
+    inner: Arc<dyn StoreBackend>,
+    first: u64,
+    gate: Mutex<Option<bool>>,
+    cv: Condvar,
+}
+
+impl Gated {
+    fn open(&self, ok: bool) {
+        *self.gate.lock().expect("gate") = Some(ok);
+        self.cv.notify_all();
+    }
+}
+
+impl StoreBackend for Gated {
+    fn url(&self) -> &str {
+        "gated://"
+    }
+    fn get(&self, key: &str) -> Result<(bytes::Bytes, Version), StoreError> {
+        self.inner.get(key)
+    }
+    fn get_range(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+        deadline: Duration,
+    ) -> Result<bytes::Bytes, StoreError> {
+        self.inner.get_range(key, range, deadline)
+    }
+    fn get_range_streamed(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+        deadline: Duration,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), StoreError> {
+        let all = self.inner.get_range(key, range, deadline)?;
+        let cut = (self.first as usize).min(all.len());
+        sink(&all[..cut]);
+        let gate = self.gate.lock().expect("gate");
+        let gate = self
+            .cv
+            .wait_while(gate, |g| g.is_none())
+            .expect("gate wait");
+        match *gate {
+            Some(true) => {
+                sink(&all[cut..]);
+                Ok(())
+            }
+            _ => Err(StoreError::Backend {
+                url: "gated://".into(),
+                key: key.into(),
+                message: "connection reset".into(),
+            }),
+        }
+    }
+    fn head(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
+        self.inner.head(key)
+    }
+    fn put(&self, key: &str, data: bytes::Bytes, mode: PutMode) -> Result<Version, StoreError> {
+        self.inner.put(key, data, mode)
+    }
+    fn list_info(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.inner.list_info(prefix)
+    }
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key)
+    }
+}
+
+/// A fetcher that reads ahead (followers) over `kit`'s blobs through a [`Gated`] backend that lets the
+/// first follower's frame through and holds the rest.
+/// (The cache's directory is returned too: it must outlive the fetcher.)
+fn gated(kit: &Kit, blob: &BlobHandle) -> (Arc<Fetcher>, Arc<Gated>, tempfile::TempDir) {
+    let f1 = &blob.toc.frames[1];
+    let gate = Arc::new(Gated {
+        inner: kit.mem.clone(),
+        first: f1.compressed as u64,
+        gate: Mutex::new(None),
+        cv: Condvar::new(),
+    });
+    let store = Arc::new(Store::with_backend(gate.clone()));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = ChunkCache::open(dir.path(), 1 << 30).expect("cache");
+    let fetcher = Fetcher::new(
+        store,
+        cache,
+        kit.metrics.clone(),
+        1 << 20,
+        Duration::from_secs(20),
+    );
+    (Arc::new(fetcher), gate, dir)
+}
+
+#[test]
+fn followers_are_served_as_their_frames_arrive() {
+    let kit = Kit::new(Duration::from_secs(20));
+    let chunks: Vec<Vec<u8>> = (0..4).map(|i| bytes(32 << 10, 10 + i)).collect();
+    let (blob, _) = kit.blob(&chunks);
+    let blob = Arc::new(blob);
+    let (fetcher, gate, _dir) = gated(&kit, &blob);
+    // Chunk 0 is the leader's own frame; chunks 1..4 follow in one streamed request.
+    let got = fetcher.chunk(&blob, 0).expect("chunk 0");
+    assert_eq!(read(&got, chunks[0].len()), chunks[0]);
+    // Chunk 1's frame is in while the rest of the request is held: its reader does not wait for it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (f, b) = (fetcher.clone(), blob.clone());
+    let reader = std::thread::spawn(move || {
+        let _ = tx.send(f.chunk(&b, 1).map(|c| read(&c, 32 << 10)));
+    });
+    let first = rx.recv_timeout(Duration::from_secs(10));
+    gate.open(true);
+    reader.join().expect("reader");
+    assert_eq!(
+        first
+            .expect("chunk 1 served while the request was still held")
+            .expect("chunk 1"),
+        chunks[1]
+    );
+    for (i, want) in chunks.iter().enumerate().skip(2) {
+        let got = fetcher.chunk(&blob, i).expect("later follower");
+        assert_eq!(read(&got, want.len()), *want);
+    }
+}
+
+#[test]
+fn a_stream_cut_short_fails_only_the_followers_not_yet_in() {
+    let kit = Kit::new(Duration::from_secs(20));
+    let chunks: Vec<Vec<u8>> = (0..4).map(|i| bytes(32 << 10, 20 + i)).collect();
+    let (blob, _) = kit.blob(&chunks);
+    let blob = Arc::new(blob);
+    let (fetcher, gate, _dir) = gated(&kit, &blob);
+    fetcher.chunk(&blob, 0).expect("chunk 0");
+    let got = fetcher
+        .chunk(&blob, 1)
+        .expect("chunk 1 arrived before the cut");
+    assert_eq!(read(&got, chunks[1].len()), chunks[1]);
+    gate.open(false);
+    // Chunk 2 was claimed by the cut request: its reader gets the store's error and nothing is cached;
+    // chunk 1, checked before the cut, stays cached.
+    let r = fetcher.chunk(&blob, 2);
+    assert!(
+        matches!(r, Err(FetchError::Store { .. })),
+        "{:?}",
+        r.map(|_| ())
+    );
+    assert!(fetcher.cached(&blob, 2).expect("lookup").is_none());
+    assert!(fetcher.cached(&blob, 1).expect("lookup").is_some());
+}
+
+#[test]
+fn a_corrupt_follower_is_fetched_again_and_the_others_are_served() {
+    let kit = Kit::new(Duration::from_secs(5));
+    let chunks: Vec<Vec<u8>> = (0..4).map(|i| bytes(32 << 10, 30 + i)).collect();
+    let (blob, k) = kit.blob(&chunks);
+    let blob = Arc::new(blob);
+    let fetcher = Arc::new(Fetcher::new(
+        kit.store.clone(),
+        kit.fetcher.cache().clone(),
+        kit.metrics.clone(),
+        1 << 20,
+        Duration::from_secs(5),
+    ));
+    // One byte of chunk 2's frame is flipped on the first read that covers it (the followers' request).
+    let f2 = &blob.toc.frames[2];
+    kit.faults.inject(
+        Fault::corrupt()
+            .key(&k)
+            .ops(&[Op::GetRange])
+            .range(f2.offset + 5..f2.offset + 6)
+            .times(1),
+    );
+    kit.faults.reset_counts();
+    fetcher.chunk(&blob, 0).expect("chunk 0");
+    for (i, want) in chunks.iter().enumerate().skip(1) {
+        let got = fetcher.chunk(&blob, i).expect("follower");
+        assert_eq!(read(&got, want.len()), *want, "chunk {i}");
+    }
+    // The leader's frame, the followers, and chunk 2 once more.
+    assert_eq!(kit.faults.calls(Op::GetRange, &k), 3);
+    assert_eq!(
+        kit.faults.ranges(&k).last(),
+        Some(&(f2.offset..f2.offset + f2.compressed as u64))
+    );
 }

@@ -171,5 +171,17 @@ fn a_range_read_returns_at_its_deadline_whatever_the_server_does() {
             server.accepted.load(Ordering::Relaxed) > 0,
             "{how:?}: the client never connected"
         );
+        // A streamed read (the fetcher's followers) keeps the same deadline over the whole body.
+        let t = Instant::now();
+        let r = store.get_range_streamed("blobs/x", 0..100, &mut |_| {});
+        let took = t.elapsed();
+        assert!(
+            matches!(r, Err(StoreError::Timeout { .. })),
+            "{how:?}: streamed: expected a timeout, got {r:?}"
+        );
+        assert!(
+            took >= deadline && took < deadline + Duration::from_millis(500),
+            "{how:?}: streamed: took {took:?} with a deadline of {deadline:?}"
+        );
     }
 }

@@ -23,8 +23,8 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::prefix::PrefixStore;
 use object_store::{
-    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
-    RetryConfig, UpdateVersion, WriteMultipart,
+    BackoffConfig, ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
+    PutPayload, RetryConfig, UpdateVersion, WriteMultipart,
 };
 use tokio::io::AsyncReadExt;
 
@@ -171,24 +171,70 @@ impl ObjectStoreBackend {
         }
         match self.store.get_range(&p, range.clone()).await {
             Ok(b) if b.len() as u64 == range.end - range.start => Ok(b),
-            // The server cut the range at the end of the object.
-            Ok(b) => {
-                check_range(key, &range, range.start + b.len() as u64)?;
-                Err(StoreError::Backend {
-                    url: self.url.clone(),
-                    key: key.to_string(),
-                    message: format!("{} bytes for a range of {range:?}", b.len()),
-                })
-            }
-            Err(e @ object_store::Error::NotFound { .. }) => Err(self.err(key, e)),
-            // A range that starts past the end is refused in a backend-specific way: ask for the size.
-            Err(e) => match self.head_async(key).await {
-                Ok(Some(m)) => {
-                    check_range(key, &range, m.size)?;
-                    Err(self.err(key, e))
-                }
-                _ => Err(self.err(key, e)),
+            Ok(b) => Err(self.cut_short(key, &range, b.len() as u64)),
+            Err(e) => Err(self.range_refused(key, &range, e).await),
+        }
+    }
+
+    /// The server sent `got` bytes for `range`: cut at the end of the object (a range past its end), or
+    /// a broken answer.
+    fn cut_short(&self, key: &str, range: &Range<u64>, got: u64) -> StoreError {
+        match check_range(key, range, range.start + got) {
+            Err(e) => e,
+            Ok(()) => StoreError::Backend {
+                url: self.url.clone(),
+                key: key.to_string(),
+                message: format!("{got} bytes for a range of {range:?}"),
             },
+        }
+    }
+
+    /// Why a range read was refused. A range that starts past the end is refused in a backend-specific
+    /// way: the object's size tells.
+    async fn range_refused(
+        &self,
+        key: &str,
+        range: &Range<u64>,
+        e: object_store::Error,
+    ) -> StoreError {
+        if matches!(e, object_store::Error::NotFound { .. }) {
+            return self.err(key, e);
+        }
+        match self.head_async(key).await {
+            Ok(Some(m)) => match check_range(key, range, m.size) {
+                Err(past) => past,
+                Ok(()) => self.err(key, e),
+            },
+            _ => self.err(key, e),
+        }
+    }
+
+    /// A non-empty range read handed to `sink` piece by piece as the body arrives.
+    async fn stream_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), StoreError> {
+        let opts = GetOptions::default().with_range(Some(range.clone()));
+        let r = match self.store.get_opts(&Path::from(key), opts).await {
+            Ok(r) => r,
+            Err(e) => return Err(self.range_refused(key, &range, e).await),
+        };
+        let want = range.end - range.start;
+        let mut got = 0u64;
+        let mut body = r.into_stream();
+        while let Some(piece) = body.next().await {
+            let piece = piece.map_err(|e| self.err(key, e))?;
+            got += piece.len() as u64;
+            if got > want {
+                return Err(self.cut_short(key, &range, got));
+            }
+            sink(&piece);
+        }
+        match got == want {
+            true => Ok(()),
+            false => Err(self.cut_short(key, &range, got)),
         }
     }
 
@@ -270,6 +316,27 @@ impl StoreBackend for ObjectStoreBackend {
     ) -> Result<Bytes, StoreError> {
         self.rt.block_on(async {
             tokio::time::timeout(deadline, self.read_range(key, range))
+                .await
+                .map_err(|_| timeout(&self.url, key, deadline))?
+        })
+    }
+
+    /// Streams from S3 (the body is handed over as it arrives, under the same whole-read deadline); a
+    /// local directory reads the range at once, which costs less than reading it in pieces.
+    fn get_range_streamed(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        deadline: Duration,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), StoreError> {
+        if self.local.is_some() || range.start >= range.end {
+            let b = self.get_range(key, range, deadline)?;
+            sink(&b);
+            return Ok(());
+        }
+        self.rt.block_on(async {
+            tokio::time::timeout(deadline, self.stream_range(key, range, sink))
                 .await
                 .map_err(|_| timeout(&self.url, key, deadline))?
         })

@@ -131,7 +131,32 @@ pub fn ranges(b: &dyn StoreBackend) {
             "{}: range {r:?} past the end of 1000 bytes: {got:?}",
             b.url()
         );
+        let streamed = streamed(b, &k, r.clone());
+        assert!(
+            matches!(streamed, Err(StoreError::Malformed { .. })),
+            "{}: streamed range {r:?} past the end of 1000 bytes: {streamed:?}",
+            b.url()
+        );
     }
+    for r in [0..10, 990..1000, 0..1000, 5..5] {
+        let got = streamed(b, &k, r.clone())
+            .unwrap_or_else(|e| panic!("{}: streamed range {r:?}: {e}", b.url()));
+        assert_eq!(
+            got,
+            data.slice(r.start as usize..r.end as usize),
+            "{}: streamed {r:?}",
+            b.url()
+        );
+    }
+    let missing = streamed(b, &key("ranges/none"), 0..4);
+    assert_not_found(b, "get_range_streamed", missing);
+}
+
+/// A streamed range read's pieces, joined.
+fn streamed(b: &dyn StoreBackend, k: &str, r: Range<u64>) -> Result<Vec<u8>, StoreError> {
+    let mut got = Vec::new();
+    b.get_range_streamed(k, r, DEADLINE, &mut |piece| got.extend_from_slice(piece))?;
+    Ok(got)
 }
 
 /// Listing is recursive, by directory prefix, sorted, with sizes.

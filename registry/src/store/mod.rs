@@ -356,6 +356,18 @@ impl Store {
         self.backend.get_range(key, range, self.range_deadline)
     }
 
+    /// Reads `range` of an object into `sink` piece by piece as it arrives, within
+    /// [`Self::range_deadline`] (see [`StoreBackend::get_range_streamed`]). The caller verifies the content.
+    pub fn get_range_streamed(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), StoreError> {
+        self.backend
+            .get_range_streamed(key, range, self.range_deadline, sink)
+    }
+
     /// Stores a blob from a spool file named by its digest; the file is consumed.
     pub fn put_blob_file(&self, digest: &Digest, file: &Path) -> Result<(), StoreError> {
         let key = key::blob(digest);

@@ -78,6 +78,22 @@ pub trait StoreBackend: Send + Sync {
         deadline: Duration,
     ) -> Result<Bytes, StoreError>;
 
+    /// `range` of an object handed to `sink` in order, in pieces as it arrives, within `deadline` (the
+    /// whole read, as [`StoreBackend::get_range`]). Pieces handed over before an error stay handed over:
+    /// a caller that acts on a prefix must check it itself. The default reads the whole range, then hands
+    /// it over at once.
+    fn get_range_streamed(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        deadline: Duration,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), StoreError> {
+        let b = self.get_range(key, range, deadline)?;
+        sink(&b);
+        Ok(())
+    }
+
     /// An object's metadata, or `None` if it does not exist.
     fn head(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError>;
 
