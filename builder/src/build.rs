@@ -28,6 +28,7 @@ use crate::chunker::{ChunkData, Pool, PoolOptions, Unit};
 use crate::compact::blob::for_each_live_chunk;
 use crate::dedup::{DedupReport, Known};
 use crate::devices::Devices;
+use crate::elfdeps;
 use crate::erofs;
 use crate::error::BuildError;
 use crate::layout::{self, Class, Compiled, Layout};
@@ -254,7 +255,12 @@ impl LayerBuilder {
             Layout::RunFirst => layout::classify(path),
             Layout::Source => Class::Run,
         };
-        if class == Class::Run {
+        // Run-time files from disk wait too, so that libraries can follow the programs that load
+        // them ([`crate::elfdeps`]); a stream's are placed as they come.
+        let deferred_run = class == Class::Run
+            && self.opts.layout == Layout::RunFirst
+            && matches!(data, FileSource::Path { .. });
+        if class == Class::Run && !deferred_run {
             return self.place(path, node, size, data);
         }
         let data = match data {
@@ -338,15 +344,19 @@ impl LayerBuilder {
         Ok(())
     }
 
-    /// Places the deferred files once the source is done: Python sources that no bytecode shadows,
-    /// then the cold files, each in source order (see [`crate::layout`]).
+    /// Places the deferred files once the source is done: run-time files read from disk in source order,
+    /// each followed by the libraries it loads ([`crate::elfdeps`]); Python sources that no bytecode
+    /// shadows; then the cold files, each in source order (see [`crate::layout`]).
     fn place_later(&mut self) -> Result<(), BuildError> {
         let later = std::mem::take(&mut self.later);
         let compiled = std::mem::take(&mut self.compiled);
-        let (sources, cold): (Vec<Later>, Vec<Later>) = later
+        let (run, rest): (Vec<Later>, Vec<Later>) =
+            later.into_iter().partition(|l| l.class == Class::Run);
+        let (sources, cold): (Vec<Later>, Vec<Later>) = rest
             .into_iter()
             .partition(|l| l.class == Class::Source && !compiled.shadows(&l.path));
-        for part in [sources, cold] {
+        let run = self.library_order(run);
+        for part in [run, sources, cold] {
             self.flush_group()?;
             for l in part {
                 match l.data {
@@ -367,6 +377,32 @@ impl LayerBuilder {
 }
 
 impl LayerBuilder {
+    /// `run` (in source order) reordered so that each library follows the first file that loads it.
+    fn library_order(&self, run: Vec<Later>) -> Vec<Later> {
+        let files: Vec<elfdeps::RunFile<'_>> = run
+            .iter()
+            .map(|l| elfdeps::RunFile {
+                path: &l.path,
+                perm: self.tree.nodes[l.node].meta.perm,
+                disk: match &l.data {
+                    Held::Path(p, _) => Some(p.as_path()),
+                    Held::Bytes(_) => None,
+                },
+            })
+            .collect();
+        let kind = |p: &[u8]| {
+            let id = self.tree.lookup(p)?;
+            Some(match &self.tree.nodes[id].kind {
+                NodeKind::Dir(_) => elfdeps::Kind::Dir,
+                NodeKind::Symlink(t) => elfdeps::Kind::Link(t.clone()),
+                _ => elfdeps::Kind::Other,
+            })
+        };
+        let order = elfdeps::library_order(&files, kind);
+        let mut run: Vec<Option<Later>> = run.into_iter().map(Some).collect();
+        order.into_iter().filter_map(|i| run[i].take()).collect()
+    }
+
     /// A file whose chunks are already stored (in a parent layer): no data moves, the digests are
     /// resolved to the parents' blobs when the layer is sealed.
     fn add_stored(
@@ -626,107 +662,5 @@ fn finish(
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-
-    use super::*;
-
-    /// Where a test layer comes from: a directory, or a tar stream of the files.
-    enum Src<'a> {
-        Dir(&'a Path),
-        Tar,
-    }
-
-    /// Builds `files` (path, content) — the tree of a directory holding them, or a tar of them in
-    /// order — with `layout` into a new store; the layer digest and each file's chunk index in the blob.
-    fn built(
-        src: Src<'_>,
-        files: &[(&str, Vec<u8>)],
-        layout: Layout,
-    ) -> (Digest, HashMap<String, usize>) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let url = format!("file://{}", dir.path().join("store").display());
-        let store = Store::open(&url).expect("store");
-        let mut opts = BuildOptions::new(LayerKind::Base);
-        opts.layout = layout;
-        let layer = match src {
-            Src::Dir(d) => build_dir(&store, d, opts),
-            Src::Tar => {
-                let mut b = tar::Builder::new(Vec::new());
-                for (p, content) in files {
-                    let mut h = tar::Header::new_gnu();
-                    h.set_size(content.len() as u64);
-                    h.set_mode(0o644);
-                    h.set_uid(0);
-                    h.set_gid(0);
-                    h.set_mtime(0);
-                    h.set_entry_type(tar::EntryType::Regular);
-                    b.append_data(&mut h, p, &content[..]).expect("tar entry");
-                }
-                let bytes = b.into_inner().expect("tar");
-                build_tar(&store, Box::new(std::io::Cursor::new(bytes)), opts)
-            }
-        }
-        .expect("build");
-        let toc = store
-            .get_toc(&layer.descriptor.blobs[0])
-            .expect("table of contents");
-        let at = files
-            .iter()
-            .map(|(p, content)| {
-                let d = Digest::of(content);
-                let i = toc.chunks.iter().position(|c| c.digest == d);
-                (p.to_string(), i.expect("chunk in blob"))
-            })
-            .collect();
-        (layer.digest, at)
-    }
-
-    #[test]
-    fn run_first_layout_puts_what_programs_skip_last() {
-        // Distinct, larger than inline; a big file is cut into chunks, the others grouped.
-        let body = |tag: &str, n: usize| tag.repeat(n / tag.len() + 1).into_bytes();
-        let files = [
-            ("pkg/__init__.py", body("init source ", 4000)),
-            (
-                "pkg/__pycache__/__init__.cpython-311.pyc",
-                body("init pyc ", 4000),
-            ),
-            ("pkg/_core.so", body("shared object ", 200_000)),
-            ("pkg/plain.py", body("no bytecode ", 4000)),
-            ("pkg/stubs.pyi", body("stub ", 4000)),
-            ("pkg/tests/test_core.py", body("a test ", 4000)),
-            ("pkg/zlast.pyc", body("last pyc ", 4000)),
-            ("usr/share/doc/pkg/README", body("readme ", 4000)),
-        ];
-        let dir = tempfile::tempdir().expect("tempdir");
-        for (p, content) in &files {
-            let p = dir.path().join(p);
-            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
-            std::fs::write(&p, content).expect("write");
-        }
-        let (digest, at) = built(Src::Dir(dir.path()), &files, Layout::RunFirst);
-        // A tar stream gets the same order (its small files held back in memory).
-        let (_, tar_at) = built(Src::Tar, &files, Layout::RunFirst);
-        assert_eq!(tar_at, at);
-        let i = |p: &str| at[p];
-        // Run-time files (small ones grouped, so not strictly in order with large ones), then
-        // unshadowed sources, then the cold ones in source order.
-        let run = [
-            "pkg/__pycache__/__init__.cpython-311.pyc",
-            "pkg/_core.so",
-            "pkg/zlast.pyc",
-        ];
-        assert!(run.iter().all(|p| i(p) < i("pkg/plain.py")), "{at:?}");
-        assert!(i("pkg/plain.py") < i("pkg/__init__.py"));
-        assert!(i("pkg/__init__.py") < i("pkg/stubs.pyi"));
-        assert!(i("pkg/stubs.pyi") < i("pkg/tests/test_core.py"));
-        assert!(i("pkg/tests/test_core.py") < i("usr/share/doc/pkg/README"));
-        // Deterministic; the source layout keeps the walk's order (another blob, another digest).
-        let again = built(Src::Dir(dir.path()), &files, Layout::RunFirst).0;
-        assert_eq!(again, digest);
-        let (source, at) = built(Src::Dir(dir.path()), &files, Layout::Source);
-        assert_ne!(source, digest);
-        assert!(at["pkg/__init__.py"] < at["pkg/__pycache__/__init__.cpython-311.pyc"]);
-    }
-}
+#[path = "build_tests.rs"]
+mod tests;

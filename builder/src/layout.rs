@@ -10,7 +10,9 @@
 //! everything else, so that the files a program does read are packed together in path order and a
 //! fetch span carries more of them:
 //!
-//! 1. *run-time* files: everything not below, in source order, sent to the chunk pool as they come;
+//! 1. *run-time* files: everything not below, in source order — except that each shared library follows
+//!    the first program or library that loads it ([`crate::elfdeps`]; files read from disk, which wait
+//!    until the source is done: a stream's run-time files are sent to the chunk pool as they come);
 //! 2. Python sources (`X.py`) that nothing compiled shadows, in source order;
 //! 3. *cold* files, in source order: files below a directory named `tests` or `test`, under
 //!    `usr/share/{doc,man,info,locale}` (translations are read only in that language), type stubs,

@@ -21,6 +21,7 @@ pub mod chunkmap;
 pub mod compact;
 pub mod dedup;
 mod devices;
+pub mod elfdeps;
 pub mod flatten;
 pub mod import;
 pub mod layout;

@@ -1,0 +1,146 @@
+//! Builds of small trees: the data layout (run-first, libraries after their loaders).
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+
+use super::*;
+
+/// Where a test layer comes from: a directory, or a tar stream of the files.
+enum Src<'a> {
+    Dir(&'a Path),
+    Tar,
+}
+
+/// Builds `files` (path, content) — the tree of a directory holding them, or a tar of them in
+/// order — with `layout` into a new store; the layer digest and each file's chunk index in the blob.
+fn built(
+    src: Src<'_>,
+    files: &[(&str, Vec<u8>)],
+    layout: Layout,
+) -> (Digest, HashMap<String, usize>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("file://{}", dir.path().join("store").display());
+    let store = Store::open(&url).expect("store");
+    let mut opts = BuildOptions::new(LayerKind::Base);
+    opts.layout = layout;
+    let layer = match src {
+        Src::Dir(d) => build_dir(&store, d, opts),
+        Src::Tar => {
+            let mut b = tar::Builder::new(Vec::new());
+            for (p, content) in files {
+                let mut h = tar::Header::new_gnu();
+                h.set_size(content.len() as u64);
+                h.set_mode(0o644);
+                h.set_uid(0);
+                h.set_gid(0);
+                h.set_mtime(0);
+                h.set_entry_type(tar::EntryType::Regular);
+                b.append_data(&mut h, p, &content[..]).expect("tar entry");
+            }
+            let bytes = b.into_inner().expect("tar");
+            build_tar(&store, Box::new(std::io::Cursor::new(bytes)), opts)
+        }
+    }
+    .expect("build");
+    let toc = store
+        .get_toc(&layer.descriptor.blobs[0])
+        .expect("table of contents");
+    let at = files
+        .iter()
+        .map(|(p, content)| {
+            let d = Digest::of(content);
+            let i = toc.chunks.iter().position(|c| c.digest == d);
+            (p.to_string(), i.expect("chunk in blob"))
+        })
+        .collect();
+    (layer.digest, at)
+}
+
+#[test]
+fn run_first_layout_puts_what_programs_skip_last() {
+    // Distinct, larger than inline; a big file is cut into chunks, the others grouped.
+    let body = |tag: &str, n: usize| tag.repeat(n / tag.len() + 1).into_bytes();
+    let files = [
+        ("pkg/__init__.py", body("init source ", 4000)),
+        (
+            "pkg/__pycache__/__init__.cpython-311.pyc",
+            body("init pyc ", 4000),
+        ),
+        ("pkg/_core.so", body("shared object ", 200_000)),
+        ("pkg/plain.py", body("no bytecode ", 4000)),
+        ("pkg/stubs.pyi", body("stub ", 4000)),
+        ("pkg/tests/test_core.py", body("a test ", 4000)),
+        ("pkg/zlast.pyc", body("last pyc ", 4000)),
+        ("usr/share/doc/pkg/README", body("readme ", 4000)),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (p, content) in &files {
+        let p = dir.path().join(p);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&p, content).expect("write");
+    }
+    let (digest, at) = built(Src::Dir(dir.path()), &files, Layout::RunFirst);
+    // A tar stream gets the same order (its small files held back in memory).
+    let (_, tar_at) = built(Src::Tar, &files, Layout::RunFirst);
+    assert_eq!(tar_at, at);
+    let i = |p: &str| at[p];
+    // Run-time files (small ones grouped, so not strictly in order with large ones), then
+    // unshadowed sources, then the cold ones in source order.
+    let run = [
+        "pkg/__pycache__/__init__.cpython-311.pyc",
+        "pkg/_core.so",
+        "pkg/zlast.pyc",
+    ];
+    assert!(run.iter().all(|p| i(p) < i("pkg/plain.py")), "{at:?}");
+    assert!(i("pkg/plain.py") < i("pkg/__init__.py"));
+    assert!(i("pkg/__init__.py") < i("pkg/stubs.pyi"));
+    assert!(i("pkg/stubs.pyi") < i("pkg/tests/test_core.py"));
+    assert!(i("pkg/tests/test_core.py") < i("usr/share/doc/pkg/README"));
+    // Deterministic; the source layout keeps the walk's order (another blob, another digest).
+    let again = built(Src::Dir(dir.path()), &files, Layout::RunFirst).0;
+    assert_eq!(again, digest);
+    let (source, at) = built(Src::Dir(dir.path()), &files, Layout::Source);
+    assert_ne!(source, digest);
+    assert!(at["pkg/__init__.py"] < at["pkg/__pycache__/__init__.cpython-311.pyc"]);
+}
+
+#[test]
+fn libraries_follow_the_first_program_that_loads_them() {
+    let body = |tag: &str| tag.repeat(100_000 / tag.len() + 1).into_bytes();
+    let ls = std::fs::read("/bin/ls").expect("/bin/ls");
+    let files = [
+        ("aaa/first", body("first ")),
+        ("usr/bin/ls", ls),
+        (
+            "usr/lib/x86_64-linux-gnu/libaaa.so",
+            body("unrelated library "),
+        ),
+        ("usr/lib/x86_64-linux-gnu/libc.so.6", body("the C library ")),
+        ("zzz/last", body("last ")),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (p, content) in &files {
+        let p = dir.path().join(p);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&p, content).expect("write");
+    }
+    let exe = std::fs::Permissions::from_mode(0o755);
+    std::fs::set_permissions(dir.path().join("usr/bin/ls"), exe).expect("chmod");
+    let (digest, at) = built(Src::Dir(dir.path()), &files, Layout::RunFirst);
+    let i = |p: &str| at[p];
+    // `ls` needs libc.so.6: it comes right after `ls`, before the library that sorts first.
+    assert_eq!(
+        i("usr/lib/x86_64-linux-gnu/libc.so.6"),
+        i("usr/bin/ls") + 1,
+        "{at:?}"
+    );
+    assert!(i("usr/lib/x86_64-linux-gnu/libc.so.6") < i("usr/lib/x86_64-linux-gnu/libaaa.so"));
+    assert!(i("usr/lib/x86_64-linux-gnu/libaaa.so") < i("zzz/last"));
+    assert_eq!(
+        built(Src::Dir(dir.path()), &files, Layout::RunFirst).0,
+        digest
+    );
+    // The source layout keeps the walk's order.
+    let (_, at) = built(Src::Dir(dir.path()), &files, Layout::Source);
+    assert!(at["usr/lib/x86_64-linux-gnu/libaaa.so"] < at["usr/lib/x86_64-linux-gnu/libc.so.6"]);
+}
