@@ -314,8 +314,14 @@ impl LayerBuilder {
         }
         match data {
             FileSource::Path { path: p, sparse } => {
+                let order = match self.opts.layout {
+                    Layout::RunFirst if n > 1 => elfdeps::head(&p)
+                        .map(|h| elfdeps::chunk_order(&h, cs, n))
+                        .unwrap_or_else(|| (0..n).collect()),
+                    _ => (0..n).collect(),
+                };
                 let p = Arc::new(p);
-                for i in 0..n {
+                for i in order {
                     let offset = i * cs;
                     self.pool.send(Unit::Chunk {
                         node,

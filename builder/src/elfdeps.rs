@@ -15,11 +15,15 @@
 //! the loader would within the layer ([`Libraries::resolve`]: `RUNPATH`/`RPATH` with `$ORIGIN`, then the
 //! standard and multiarch directories, following the layer's symlinks such as Debian's alternatives),
 //! and places each library not placed yet right after the file that first needs it, in the loader's
-//! breadth-first order. Deterministic: source order and file contents decide. A library a program in
+//! breadth-first order. And within a file larger than a chunk, [`chunk_order`] stores right after the
+//! first chunk the ones the loader touches next (dynamic section, RELRO, writable segments, near the
+//! end of the file), so that they come with the first chunk's fetch. Deterministic: source order and
+//! file contents decide. A library a program in
 //! another layer needs, or one loaded with `dlopen` by a name no file's dynamic section holds, keeps its
 //! place.
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
 
 use object::elf;
 use object::read::elf::{Dyn, FileHeader, ProgramHeader};
@@ -90,6 +94,63 @@ fn parse<H: FileHeader<Endian = Endianness>>(head: &[u8]) -> Option<Dynamic> {
         }
     }
     Some(out)
+}
+
+/// Most chunks of a file moved up behind its first by [`chunk_order`].
+pub const HOT_CHUNKS_MAX: usize = 4;
+
+/// The order in which the `n` chunks (of `chunk` bytes) of the file whose first bytes are `head` are
+/// stored. For an ELF file: chunk 0 (the headers the loader reads first), then the chunks holding what
+/// the loader touches right after mapping the file — the dynamic section, the RELRO part and the
+/// writable segments it relocates, which lie near the end of the file — up to [`HOT_CHUNKS_MAX`],
+/// then the rest in order. A lazy fetch of the first chunk then brings them along (they follow it in
+/// the blob) instead of each being a miss of its own. Anything else: `0..n`.
+pub fn chunk_order(head: &[u8], chunk: u64, n: u64) -> Vec<u64> {
+    let hot = match head.get(4) {
+        Some(&elf::ELFCLASS64) => loader_ranges::<elf::FileHeader64<Endianness>>(head),
+        Some(&elf::ELFCLASS32) => loader_ranges::<elf::FileHeader32<Endianness>>(head),
+        _ => None,
+    };
+    let mut first: Vec<u64> = vec![0];
+    for r in hot.unwrap_or_default() {
+        if chunk == 0 || r.start >= r.end {
+            continue;
+        }
+        for c in r.start / chunk..=(r.end - 1) / chunk {
+            if c < n && !first.contains(&c) && first.len() <= HOT_CHUNKS_MAX {
+                first.push(c);
+            }
+        }
+    }
+    first[1..].sort_unstable();
+    let rest = (0..n).filter(|c| !first.contains(c));
+    first
+        .iter()
+        .copied()
+        .filter(|&c| c < n)
+        .chain(rest)
+        .collect()
+}
+
+/// The file ranges of an ELF file's dynamic section, RELRO part and writable loaded segments.
+fn loader_ranges<H: FileHeader<Endian = Endianness>>(head: &[u8]) -> Option<Vec<Range<u64>>> {
+    let header = H::parse(head).ok()?;
+    let endian = header.endian().ok()?;
+    let segments = header.program_headers(endian, head).ok()?;
+    let ranges = segments
+        .iter()
+        .filter(|p| {
+            let t = p.p_type(endian);
+            t == elf::PT_DYNAMIC
+                || t == elf::PT_GNU_RELRO
+                || (t == elf::PT_LOAD && p.p_flags(endian) & elf::PF_W != 0)
+        })
+        .map(|p| {
+            let start: u64 = p.p_offset(endian).into();
+            start..start.saturating_add(p.p_filesz(endian).into())
+        })
+        .collect();
+    Some(ranges)
 }
 
 /// Where the loader looks after `RUNPATH`: the standard directories, multiarch ones first.
@@ -243,7 +304,7 @@ fn may_load(f: &RunFile<'_>) -> bool {
 }
 
 /// The first [`HEAD_BYTES`] of a file on disk.
-fn head(disk: &std::path::Path) -> Option<Vec<u8>> {
+pub fn head(disk: &std::path::Path) -> Option<Vec<u8>> {
     use std::io::Read;
     let mut buf = Vec::new();
     std::fs::File::open(disk)

@@ -150,3 +150,37 @@ proptest! {
         prop_assert_eq!(sorted, (0..n).collect::<Vec<_>>());
     }
 }
+
+#[test]
+fn an_elf_file_stores_what_the_loader_touches_after_its_headers() {
+    // This machine's libc: its writable segment and dynamic section lie near its end.
+    let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
+    let chunk = 64 << 10;
+    let n = (libc.len() as u64).div_ceil(chunk);
+    let order = chunk_order(&libc, chunk, n);
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "every chunk once");
+    assert_eq!(order[0], 0);
+    let hot: Vec<u64> = order[1..].iter().copied().take_while(|&c| c > 1).collect();
+    assert!(!hot.is_empty() && hot.len() <= HOT_CHUNKS_MAX, "{order:?}");
+    assert!(
+        hot.iter().all(|&c| c >= n / 2),
+        "the loader's part is in the file's second half: {hot:?}"
+    );
+    // Not ELF, or a single chunk: in order.
+    assert_eq!(chunk_order(b"plain data", chunk, 3), vec![0, 1, 2]);
+    assert_eq!(chunk_order(&libc, 4 << 20, 1), vec![0]);
+}
+
+proptest! {
+    /// Any bytes: the chunk order is a permutation that starts with chunk 0.
+    #[test]
+    fn chunk_order_is_a_permutation(data in proptest::collection::vec(any::<u8>(), 0..1024), n in 1u64..50) {
+        let order = chunk_order(&data, 4096, n);
+        prop_assert_eq!(order[0], 0);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        prop_assert_eq!(sorted, (0..n).collect::<Vec<_>>());
+    }
+}

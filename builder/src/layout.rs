@@ -12,7 +12,9 @@
 //!
 //! 1. *run-time* files: everything not below, in source order — except that each shared library follows
 //!    the first program or library that loads it ([`crate::elfdeps`]; files read from disk, which wait
-//!    until the source is done: a stream's run-time files are sent to the chunk pool as they come);
+//!    until the source is done: a stream's run-time files are sent to the chunk pool as they come); and
+//!    an ELF file larger than a chunk stores right after its first chunk the chunks its loader touches
+//!    next (dynamic section, RELRO, writable segments: [`crate::elfdeps::chunk_order`]);
 //! 2. Python sources (`X.py`) that nothing compiled shadows, in source order;
 //! 3. *cold* files, in source order: files below a directory named `tests` or `test`, under
 //!    `usr/share/{doc,man,info,locale}` (translations are read only in that language), type stubs,

@@ -93,6 +93,13 @@ fn roundtrip(store: &StoreEnv) {
         std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
         std::fs::write(&p, text.repeat(1000)).expect("write");
     }
+    // Real ELF files the run-first layout reorders: a program, and the library it loads (placed after
+    // it), larger than a chunk (its loader-touched chunks stored right after its first).
+    let lib = src.join("usr/lib/x86_64-linux-gnu/libc.so.6");
+    std::fs::create_dir_all(lib.parent().expect("parent")).expect("mkdir");
+    std::fs::copy("/lib/x86_64-linux-gnu/libc.so.6", &lib).expect("copy libc");
+    std::fs::create_dir_all(src.join("usr/bin")).expect("mkdir");
+    std::fs::copy("/bin/ls", src.join("usr/bin/ls")).expect("copy ls");
     // Without store-wide dedup, so that a second build stores its own blob rather than referencing the
     // first one's (which gives another, equally valid, layer).
     let build = |layout: &str, tag: &str| {
