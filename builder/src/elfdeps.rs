@@ -15,7 +15,9 @@
 //! the loader would within the layer ([`Libraries::resolve`]: `RUNPATH`/`RPATH` with `$ORIGIN`, then the
 //! standard and multiarch directories, following the layer's symlinks such as Debian's alternatives),
 //! and places each library not placed yet right after the file that first needs it, in the loader's
-//! breadth-first order. And within a file larger than a chunk, [`chunk_order`] stores right after the
+//! breadth-first order — except the libraries many files load ([`common_libraries`]: the C library, the
+//! maths and C++ run-times, …), which go together, most loaded first, after the first file that loads any
+//! of them, so that every program's start finds them in one place. And within a file larger than a chunk, [`chunk_order`] stores right after the
 //! first chunk the ones the loader touches next (dynamic section, RELRO, writable segments, near the
 //! end of the file), so that they come with the first chunk's fetch. Deterministic: source order and
 //! file contents decide. A library a program in
@@ -326,24 +328,56 @@ pub fn library_order(files: &[RunFile<'_>], kind: impl Fn(&[u8]) -> Option<Kind>
     let libs = Libraries {
         follow: |p: &[u8]| follow(p, &kind),
     };
+    let needs: Vec<Vec<usize>> = files
+        .iter()
+        .map(|f| {
+            let Some(dynamic) = f
+                .disk
+                .filter(|_| may_load(f))
+                .and_then(head)
+                .and_then(|h| needed(&h))
+            else {
+                return Vec::new();
+            };
+            let from = normalize(f.path);
+            dynamic
+                .needed
+                .iter()
+                .filter_map(|n| libs.resolve(n, &from, &dynamic))
+                .filter_map(|p| index.get(&p).copied())
+                .collect()
+        })
+        .collect();
+    let common = common_libraries(&needs);
     order(files.len(), |i| {
-        let f = &files[i];
-        let Some(dynamic) = f
-            .disk
-            .filter(|_| may_load(f))
-            .and_then(head)
-            .and_then(|h| needed(&h))
-        else {
-            return Vec::new();
-        };
-        let from = normalize(f.path);
-        dynamic
-            .needed
-            .iter()
-            .filter_map(|n| libs.resolve(n, &from, &dynamic))
-            .filter_map(|p| index.get(&p).copied())
-            .collect()
+        let mut deps = needs[i].clone();
+        if deps.iter().any(|d| common.contains(d)) {
+            deps.extend(common.iter().copied());
+        }
+        deps
     })
+}
+
+/// Libraries at least this many files load are placed together (see [`common_libraries`]).
+pub const COMMON_MIN: usize = 8;
+
+/// The libraries that [`COMMON_MIN`] or more files load (the C library, the maths and C++ run-times,
+/// zlib, …), most loaded first. They go together, after the first file that loads any of them: placed
+/// after their first loader each, they would each follow whichever early program (`[`, `awk`) happened
+/// to load them, and every other program's start would find them scattered.
+pub fn common_libraries(needs: &[Vec<usize>]) -> Vec<usize> {
+    let mut count: HashMap<usize, usize> = HashMap::new();
+    for deps in needs {
+        for &d in deps {
+            *count.entry(d).or_default() += 1;
+        }
+    }
+    let mut common: Vec<(usize, usize)> = count
+        .into_iter()
+        .filter(|&(_, c)| c >= COMMON_MIN)
+        .collect();
+    common.sort_unstable_by_key(|&(i, c)| (std::cmp::Reverse(c), i));
+    common.into_iter().map(|(i, _)| i).collect()
 }
 
 #[cfg(test)]

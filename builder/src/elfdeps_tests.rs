@@ -124,6 +124,29 @@ fn libraries_follow_their_first_loader_breadth_first() {
     assert_eq!(order(6, needs), vec![0, 3, 2, 4, 1, 5]);
 }
 
+#[test]
+fn libraries_many_files_load_go_together_most_loaded_first() {
+    // Files 0..10 all load 20; files 0..8 load 21 too; file 3 alone loads 22.
+    let mut needs: Vec<Vec<usize>> = (0..10)
+        .map(|i| if i < 8 { vec![21, 20] } else { vec![20] })
+        .collect();
+    needs[3].push(22);
+    needs.extend((10..23).map(|_| Vec::new()));
+    assert_eq!(common_libraries(&needs), vec![20, 21]);
+    // The first loader brings the whole group; a rare library still follows its own loader.
+    let common = common_libraries(&needs);
+    let order = order(needs.len(), |i| {
+        let mut d = needs[i].clone();
+        if d.iter().any(|x| common.contains(x)) {
+            d.extend(common.iter().copied());
+        }
+        d
+    });
+    assert_eq!(&order[..4], &[0, 21, 20, 1]);
+    let at = |x: usize| order.iter().position(|&o| o == x).expect("placed");
+    assert_eq!(at(22), at(3) + 1);
+}
+
 proptest! {
     /// Any bytes, and a real program with bytes flipped: an answer or `None`, never a panic.
     #[test]
