@@ -66,6 +66,9 @@ pub struct Config {
     /// parallel request). `None`: [`default_fetch_span`] for the store.
     #[serde(deserialize_with = "crate::size::deserialize_opt")]
     pub max_fetch_span: Option<u64>,
+    /// Compressed bytes before a miss fetched with it in the background (0: none, the default).
+    #[serde(deserialize_with = "crate::size::deserialize")]
+    pub max_fetch_behind: u64,
     /// FUSE worker threads.
     pub fuse_threads: usize,
     /// A group (gid) allowed to use the control socket and read the blob files, besides root.
@@ -95,6 +98,7 @@ impl Default for Config {
             cache_size: 10 << 30,
             read_timeout_secs: 30.0,
             max_fetch_span: None,
+            max_fetch_behind: 0,
             fuse_threads: 8,
             group: None,
             prefetch: true,
@@ -344,7 +348,7 @@ impl Daemon {
         let cache = ChunkCache::open(&cache_dir, config.cache_size)
             .map_err(|e| DaemonError::Metadata(e.to_string()))?;
         let metrics = Arc::new(Metrics::default());
-        let fetcher = Arc::new(Fetcher::new(
+        let mut fetcher = Fetcher::new(
             store.clone(),
             cache,
             metrics.clone(),
@@ -352,7 +356,9 @@ impl Daemon {
                 .max_fetch_span
                 .unwrap_or_else(|| default_fetch_span(&config.store)),
             deadline,
-        ));
+        );
+        fetcher.max_behind = config.max_fetch_behind;
+        let fetcher = Arc::new(fetcher);
         let table = Arc::new(BlobTable::default());
         let warming = Warming::new(
             store.clone(),

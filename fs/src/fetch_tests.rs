@@ -320,3 +320,40 @@ fn a_corrupt_follower_is_fetched_again_and_the_others_are_served() {
         kit.faults.ranges(&k)
     );
 }
+
+#[test]
+fn a_miss_fetches_the_missing_chunks_behind_it_in_the_background() {
+    let kit = Kit::new(Duration::from_secs(5));
+    let chunks: Vec<Vec<u8>> = (0..6).map(|i| bytes(32 << 10, 40 + i)).collect();
+    let (blob, k) = kit.blob(&chunks);
+    let blob = Arc::new(blob);
+    let mut f = Fetcher::new(
+        kit.store.clone(),
+        kit.fetcher.cache().clone(),
+        kit.metrics.clone(),
+        1 << 20,
+        Duration::from_secs(5),
+    );
+    // Behind chunk 4: chunks 2 and 3 (within two frames' bytes), not chunk 1 (too far) nor chunk 0.
+    f.max_behind = blob.toc.frames[4].offset - blob.toc.frames[2].offset;
+    let f = Arc::new(f);
+    kit.faults.reset_counts();
+    f.chunk(&blob, 4).expect("chunk 4");
+    for (i, want) in chunks.iter().enumerate() {
+        let got = f.chunk(&blob, i).expect("chunk");
+        assert_eq!(read(&got, want.len()), *want, "chunk {i}");
+    }
+    let ranges = kit.faults.ranges(&k);
+    let frame = |i: usize| blob.toc.frames[i].offset;
+    let behind = frame(2)..frame(3) + blob.toc.frames[3].compressed as u64;
+    assert!(ranges.contains(&behind), "{ranges:?}");
+    // Chunk 1 was not fetched behind chunk 4: its own read fetched it (and chunk 0 before it).
+    assert!(
+        ranges
+            .iter()
+            .any(|r| r.start == frame(1) || r.start == frame(0)),
+        "{ranges:?}"
+    );
+    // Without a bound nothing is fetched behind.
+    assert_eq!(kit.fetcher.max_behind, 0);
+}

@@ -432,3 +432,52 @@ fn control_socket_and_blob_files_are_root_only_unless_a_group_is_allowed() {
         assert_eq!(mode, if allowed { 0o660 } else { 0o600 });
     }
 }
+
+/// Bytes the daemon fetched (settled) for a sandbox of `image` that read the last 4 KiB of `path`,
+/// with `--max-fetch-behind behind`.
+fn fetched_after_reading_the_tail(store: &StoreEnv, image: &str, path: &str, behind: &str) -> u64 {
+    let flags = ["--max-fetch-span", "64K", "--max-fetch-behind", behind];
+    let d = Daemon::start(store, &flags);
+    let rootfs = d.ok(&["mount", image, "--sandbox", "b1"]);
+    {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open(Path::new(&rootfs).join(path)).expect("open");
+        f.seek(SeekFrom::End(-4096)).expect("seek");
+        let mut buf = vec![0u8; 4096];
+        f.read_exact(&mut buf).expect("read the tail");
+    }
+    // Background fetches settle: the count stops moving.
+    let fetched = || json(&d.ok(&["ps", "--json"]))["sandboxes"][0]["fetched_bytes"].as_u64();
+    let mut last = fetched();
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = fetched();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    last.expect("fetched_bytes")
+}
+
+#[test]
+fn a_miss_also_fetches_what_lies_behind_it_with_max_fetch_behind() {
+    if !can_mount() {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let files = [
+        ("a.bin", random_bytes(4 << 20, 31)),
+        ("b.bin", random_bytes(4 << 20, 32)),
+    ];
+    build_image(&store, "behind:v1", &files);
+    let without = fetched_after_reading_the_tail(&store, "behind:v1", "data/b.bin", "0");
+    let with = fetched_after_reading_the_tail(&store, "behind:v1", "data/b.bin", "8M");
+    // 8 MiB behind b's last chunk: the rest of b and of a (random data: stored as is), in one
+    // background request.
+    assert!(
+        with >= without + (4 << 20),
+        "fetched {with} bytes with 8 MiB behind, {without} without"
+    );
+}

@@ -53,6 +53,9 @@ struct Args {
     /// Largest compressed span of one range request, e.g. 4M.
     #[arg(long)]
     max_fetch_span: Option<String>,
+    /// Compressed bytes before a miss also fetched, in the background, e.g. 1M (default 0: none).
+    #[arg(long)]
+    max_fetch_behind: Option<String>,
     #[arg(long)]
     fuse_threads: Option<usize>,
     /// Group (gid) allowed to use the control socket besides root.
@@ -113,6 +116,9 @@ fn load(args: &Args) -> Result<Config> {
     }
     if let Some(s) = &args.max_fetch_span {
         c.max_fetch_span = Some(parse_size(s)?);
+    }
+    if let Some(s) = &args.max_fetch_behind {
+        c.max_fetch_behind = parse_size(s)?;
     }
     if let Some(n) = args.fuse_threads {
         c.fuse_threads = n;
