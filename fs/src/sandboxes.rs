@@ -20,6 +20,9 @@ use crate::daemon::{detach, valid_id, Daemon, DaemonError, LayerMount};
 use crate::mount;
 use crate::state::{self, Sandbox, SandboxState};
 
+/// How long a purge waits for a sandbox's exiting processes to be gone before it calls the sandbox busy.
+const EXITING_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What to do when the requested id still has a stopped sandbox's upper directory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -282,7 +285,9 @@ impl Daemon {
             let pids = match sb.vm.is_some() {
                 // A VMM holding the scratch image open.
                 true => crate::vm::holders(&sb.upper).unwrap_or_default(),
-                false => state::sandbox_pids(&sb.rootfs).map_err(|e| io(&sb.rootfs, e))?,
+                // Processes exiting (a sandbox's PID 1 just after its runtime died) are waited for.
+                false => state::settled_sandbox_pids(&sb.rootfs, EXITING_WAIT)
+                    .map_err(|e| io(&sb.rootfs, e))?,
             };
             if !pids.is_empty() {
                 return Err(DaemonError::Busy {

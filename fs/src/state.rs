@@ -253,6 +253,43 @@ pub fn sandbox_pids(rootfs: &Path) -> std::io::Result<Vec<i32>> {
     Ok(out)
 }
 
+/// The processes in `rootfs` once those already exiting are gone: while every process listed is
+/// exiting (its sandbox's PID 1 a moment after the runtime that started it was killed, say), asks again
+/// for up to `wait`. A process that is not exiting is returned at once: the sandbox is busy.
+pub fn settled_sandbox_pids(rootfs: &Path, wait: std::time::Duration) -> std::io::Result<Vec<i32>> {
+    let start = std::time::Instant::now();
+    loop {
+        let pids = sandbox_pids(rootfs)?;
+        if pids.is_empty() || !pids.iter().all(|&p| exiting(p)) || start.elapsed() >= wait {
+            return Ok(pids);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// True if process `pid` is exiting or gone.
+fn exiting(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| exiting_from_stat(&s))
+        .unwrap_or(true)
+}
+
+/// The kernel's exiting flag (`PF_EXITING`), or a zombie or dead state, in a `/proc/PID/stat` line.
+fn exiting_from_stat(stat: &str) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    // The command name is in parentheses and may hold anything: fields follow the last `)`.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return false;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first().copied().unwrap_or("");
+    let flags = fields
+        .get(6)
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0);
+    matches!(state, "Z" | "X" | "x") || flags & PF_EXITING != 0
+}
+
 /// Undoes mountinfo's octal escapes (`\\040` for a space, ...).
 fn unescape(s: &str) -> String {
     let b = s.as_bytes();
@@ -292,6 +329,23 @@ mod tests {
             config: ImageConfig::default(),
             vm: None,
         }
+    }
+
+    #[test]
+    fn exiting_processes_are_told_from_stat() {
+        let line = |comm: &str, state: &str, flags: u64| {
+            format!("4242 ({comm}) {state} 1 4242 4242 0 -1 {flags} 100 0 0 0 0 0 0 0 20 0 1 0")
+        };
+        assert!(!exiting_from_stat(&line("sleep", "S", 0x400100)));
+        assert!(exiting_from_stat(&line("sleep", "R", 0x400104)));
+        assert!(exiting_from_stat(&line("sh", "Z", 0)));
+        // A command name with spaces and parentheses does not shift the fields.
+        assert!(exiting_from_stat(&line("a) S 1 (b", "D", 0x4)));
+        assert!(!exiting_from_stat(&line("a) Z 1 (b", "S", 0)));
+        assert!(!exiting_from_stat("garbage"));
+        // This process is not exiting; a pid that does not exist is gone.
+        assert!(!exiting(std::process::id() as i32));
+        assert!(exiting(i32::MAX));
     }
 
     #[test]

@@ -105,21 +105,18 @@ fn run_in(
     Ok(st.code().unwrap_or(128))
 }
 
-/// Removes the trace's own sandbox once the command is done. Its processes may take a moment to be gone
-/// after bubblewrap returns (the sandbox's PID 1 is torn down after its parent exits), so a sandbox still
-/// busy is asked again for up to 2 s, then removed with `force`: nothing else runs in it.
+/// Removes the trace's own sandbox for good. stratad waits for processes that are exiting (bubblewrap's
+/// sandbox PID 1 outlives it by a moment); one still running there after the command ended was left
+/// behind by it, and goes with the sandbox.
 fn remove_trace_sandbox(client: &Client, id: &str) -> Result<serde_json::Value, ClientError> {
     let path = format!("/v1/sandboxes/{id}?purge=1");
-    for _ in 0..20 {
-        match client.call("DELETE", &path, None) {
-            Err(ClientError::Api {
-                kind: ErrorKind::Sandbox,
-                ..
-            }) => std::thread::sleep(std::time::Duration::from_millis(100)),
-            other => return other,
-        }
+    match client.call("DELETE", &path, None) {
+        Err(ClientError::Api {
+            kind: ErrorKind::Sandbox,
+            ..
+        }) => client.call("DELETE", &format!("{path}&force=1"), None),
+        other => other,
     }
-    client.call("DELETE", &format!("{path}&force=1"), None)
 }
 
 /// `strata trace`.
