@@ -53,16 +53,6 @@ pub struct CopyArgs {
     pub json: bool,
 }
 
-/// A destination tag that names another image.
-#[derive(Debug, thiserror::Error)]
-#[error("tag {tag} in {store} names {found}, not {wanted}; use --force to move it")]
-pub struct TagExists {
-    pub tag: String,
-    pub store: String,
-    pub found: Digest,
-    pub wanted: Digest,
-}
-
 /// What was sent and skipped.
 #[derive(Default)]
 struct Tally {
@@ -252,20 +242,10 @@ pub fn copy(src: &Store, a: CopyArgs) -> Result<()> {
     };
     // The tag is checked first, so a refused copy sends nothing.
     let prev = match &tag {
-        Some(t) => dst.tag_get(t)?,
+        Some(t) => crate::images::check_tag(&dst, t, &manifest_digest, a.force)
+            .with_context(|| format!("destination store {}", dst.url()))?,
         None => None,
     };
-    if let (Some(t), Some(p)) = (&tag, &prev) {
-        if p.digest != manifest_digest && !a.force {
-            return Err(TagExists {
-                tag: t.to_string(),
-                store: dst.url().to_string(),
-                found: p.digest,
-                wanted: manifest_digest,
-            }
-            .into());
-        }
-    }
     crate::progress::watch(
         "copy",
         crate::progress::Counters {

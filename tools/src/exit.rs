@@ -127,9 +127,6 @@ pub fn code(e: &anyhow::Error) -> i32 {
         if cause.downcast_ref::<SandboxState>().is_some() {
             return 7;
         }
-        if cause.downcast_ref::<crate::copy::TagExists>().is_some() {
-            return 4;
-        }
     }
     1
 }

@@ -177,16 +177,29 @@ fn moving_refused(tag: &TagName, found: &Digest) -> StoreError {
     }
 }
 
+/// The state of `tag` if it may be pointed at `digest`: absent, naming `digest` already, or naming another
+/// image and `force`. Otherwise the refusal [`set_tag`] gives. For callers that check before long work
+/// and set (by compare-and-swap against this state) after it.
+pub fn check_tag(
+    store: &Store,
+    tag: &TagName,
+    digest: &Digest,
+    force: bool,
+) -> Result<Option<TagState>> {
+    let prev = store.tag_get(tag)?;
+    match &prev {
+        Some(p) if p.digest != *digest && !force => Err(moving_refused(tag, &p.digest).into()),
+        _ => Ok(prev),
+    }
+}
+
 /// Points `tag` at `digest` by compare-and-swap. A tag that already names `digest` is left as it is; one
 /// naming another image is moved only if `force`.
 pub fn set_tag(store: &Store, tag: &TagName, digest: &Digest, force: bool) -> Result<()> {
-    let prev = store.tag_get(tag)?;
-    match &prev {
-        Some(p) if p.digest == *digest => return Ok(()),
-        Some(p) if !force => return Err(moving_refused(tag, &p.digest).into()),
-        _ => {}
+    let prev = check_tag(store, tag, digest, force)?;
+    if prev.as_ref().map(|p| p.digest) != Some(*digest) {
+        store.tag_set(tag, prev.as_ref(), digest)?;
     }
-    store.tag_set(tag, prev.as_ref(), digest)?;
     Ok(())
 }
 
