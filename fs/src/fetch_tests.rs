@@ -306,19 +306,26 @@ fn a_corrupt_follower_is_fetched_again_and_the_others_are_served() {
     );
     kit.faults.reset_counts();
     fetcher.chunk(&blob, 0).expect("chunk 0");
-    for (i, want) in chunks.iter().enumerate().skip(1) {
-        let got = fetcher.chunk(&blob, i).expect("follower");
+    // The followers arrive on their own thread: wait for them (no reader asks meanwhile).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (1..4).any(|i| {
+        fetcher
+            .cached(&blob, i)
+            .map(|c| c.is_none())
+            .unwrap_or(true)
+    }) {
+        assert!(Instant::now() < deadline, "followers not cached");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The leader's frame, the followers, and chunk 2's frame once more.
+    let ranges = kit.faults.ranges(&k);
+    assert_eq!(kit.faults.calls(Op::GetRange, &k), 3, "{ranges:?}");
+    let again = f2.offset..f2.offset + f2.compressed as u64;
+    assert!(ranges.contains(&again), "{ranges:?}");
+    for (i, want) in chunks.iter().enumerate() {
+        let got = fetcher.chunk(&blob, i).expect("chunk");
         assert_eq!(read(&got, want.len()), *want, "chunk {i}");
     }
-    // The leader's frame and the followers (in either order: the followers go out on their own
-    // thread), and chunk 2 once more.
-    assert_eq!(kit.faults.calls(Op::GetRange, &k), 3);
-    let again = f2.offset..f2.offset + f2.compressed as u64;
-    assert!(
-        kit.faults.ranges(&k).contains(&again),
-        "{:?}",
-        kit.faults.ranges(&k)
-    );
 }
 
 #[test]
