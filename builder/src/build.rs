@@ -35,6 +35,8 @@ use crate::layout::{self, Class, Compiled, Layout};
 use crate::source::{Entry, EntryKind, EntrySink, Existing, FileSource};
 use crate::tree::{FileData, Meta, NodeId, NodeKind, Tree, OPAQUE_XATTR};
 
+/// Largest stream-fed file whose chunks may be reordered ([`elfdeps::chunk_order`]): it is held in memory.
+const STREAM_REORDER_MAX: u64 = 64 << 20;
 /// Default chunk size: 1 MiB.
 pub const DEFAULT_CHUNK_SIZE: u64 = 1 << 20;
 /// Files up to this size are stored inside the metadata.
@@ -336,9 +338,25 @@ impl LayerBuilder {
                 }
             }
             FileSource::Stream(r) => {
-                for i in 0..n {
-                    let len = cs.min(size - i * cs);
-                    let bytes = read_exact_stream(r, len, path)?;
+                let first = read_exact_stream(r, cs.min(size), path)?;
+                let order = match self.opts.layout {
+                    // The loader's chunks of an ELF file go after its first: held in memory to get
+                    // there, so only for files up to STREAM_REORDER_MAX.
+                    Layout::RunFirst if n > 1 && size <= STREAM_REORDER_MAX => {
+                        elfdeps::chunk_order(&first, cs, n)
+                    }
+                    _ => (0..n).collect(),
+                };
+                let mut held: Vec<Option<Vec<u8>>> = vec![None; n as usize];
+                held[0] = Some(first);
+                let mut read = 1u64;
+                for i in order {
+                    while read <= i {
+                        let len = cs.min(size - read * cs);
+                        held[read as usize] = Some(read_exact_stream(r, len, path)?);
+                        read += 1;
+                    }
+                    let bytes = held[i as usize].take().unwrap_or_default();
                     self.pool.send(Unit::Chunk {
                         node,
                         index: i as u32,

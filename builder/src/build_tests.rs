@@ -12,17 +12,20 @@ enum Src<'a> {
 }
 
 /// Builds `files` (path, content) — the tree of a directory holding them, or a tar of them in
-/// order — with `layout` into a new store; the layer digest and each file's chunk index in the blob.
-fn built(
+/// order — with `layout` and `chunk_size` into a new store; the layer digest and the digests of the
+/// blob's chunks in blob order.
+fn build_chunks(
     src: Src<'_>,
     files: &[(&str, Vec<u8>)],
     layout: Layout,
-) -> (Digest, HashMap<String, usize>) {
+    chunk_size: u64,
+) -> (Digest, Vec<Digest>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("file://{}", dir.path().join("store").display());
     let store = Store::open(&url).expect("store");
     let mut opts = BuildOptions::new(LayerKind::Base);
     opts.layout = layout;
+    opts.chunk_size = chunk_size;
     let layer = match src {
         Src::Dir(d) => build_dir(&store, d, opts),
         Src::Tar => {
@@ -45,15 +48,60 @@ fn built(
     let toc = store
         .get_toc(&layer.descriptor.blobs[0])
         .expect("table of contents");
+    (layer.digest, toc.chunks.iter().map(|c| c.digest).collect())
+}
+
+/// [`build_chunks`] with the default chunk size: the layer digest and each (single-chunk) file's chunk
+/// index in the blob.
+fn built(
+    src: Src<'_>,
+    files: &[(&str, Vec<u8>)],
+    layout: Layout,
+) -> (Digest, HashMap<String, usize>) {
+    let (digest, chunks) = build_chunks(src, files, layout, DEFAULT_CHUNK_SIZE);
     let at = files
         .iter()
         .map(|(p, content)| {
             let d = Digest::of(content);
-            let i = toc.chunks.iter().position(|c| c.digest == d);
+            let i = chunks.iter().position(|c| *c == d);
             (p.to_string(), i.expect("chunk in blob"))
         })
         .collect();
-    (layer.digest, at)
+    (digest, at)
+}
+
+#[test]
+fn an_elf_file_stores_its_loader_chunks_after_its_first_from_a_directory_or_a_stream() {
+    let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
+    let cs = 64 << 10;
+    let files = [("usr/lib/x86_64-linux-gnu/libc.so.6", libc.clone())];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join(files[0].0);
+    std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&p, &libc).expect("write");
+    // Each piece's place in the blob.
+    let places = |chunks: &[Digest]| -> Vec<usize> {
+        libc.chunks(cs as usize)
+            .map(|piece| {
+                let d = Digest::of(piece);
+                chunks.iter().position(|c| *c == d).expect("piece in blob")
+            })
+            .collect()
+    };
+    let want = elfdeps::chunk_order(&libc, cs, libc.len().div_ceil(cs as usize) as u64);
+    assert_ne!(
+        want[1], 1,
+        "libc's loader chunks are not its second: {want:?}"
+    );
+    for src in [Src::Dir(dir.path()), Src::Tar] {
+        let at = places(&build_chunks(src, &files, Layout::RunFirst, cs).1);
+        let mut by_place: Vec<u64> = (0..at.len() as u64).collect();
+        by_place.sort_by_key(|&k| at[k as usize]);
+        assert_eq!(by_place, want);
+    }
+    // The source layout keeps the file's order.
+    let at = places(&build_chunks(Src::Tar, &files, Layout::Source, cs).1);
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{at:?}");
 }
 
 #[test]

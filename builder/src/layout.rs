@@ -14,7 +14,8 @@
 //!    the first program or library that loads it ([`crate::elfdeps`]; files read from disk, which wait
 //!    until the source is done: a stream's run-time files are sent to the chunk pool as they come); and
 //!    an ELF file larger than a chunk stores right after its first chunk the chunks its loader touches
-//!    next (dynamic section, RELRO, writable segments: [`crate::elfdeps::chunk_order`]);
+//!    next (dynamic section, RELRO, writable segments: [`crate::elfdeps::chunk_order`]; a stream's too,
+//!    up to 64 MiB a file, which is held in memory to reorder);
 //! 2. Python sources (`X.py`) that nothing compiled shadows, in source order;
 //! 3. *cold* files, in source order: files below a directory named `tests` or `test`, under
 //!    `usr/share/{doc,man,info,locale}` (translations are read only in that language), type stubs,
