@@ -305,15 +305,17 @@ fn may_load(f: &RunFile<'_>) -> bool {
     f.disk.is_some() && (f.perm & 0o111 != 0 || name.windows(3).any(|w| w == b".so"))
 }
 
-/// The first [`HEAD_BYTES`] of a file on disk.
+/// The first [`HEAD_BYTES`] of an ELF file on disk; `None` for anything else, after reading only its
+/// first bytes (the builder asks about every executable and every file of more than one chunk).
 pub fn head(disk: &std::path::Path) -> Option<Vec<u8>> {
     use std::io::Read;
-    let mut buf = Vec::new();
-    std::fs::File::open(disk)
-        .ok()?
-        .take(HEAD_BYTES as u64)
-        .read_to_end(&mut buf)
-        .ok()?;
+    let mut f = std::fs::File::open(disk).ok()?;
+    let mut buf = vec![0u8; 4];
+    f.read_exact(&mut buf).ok()?;
+    if buf != elf::ELFMAG {
+        return None;
+    }
+    f.take(HEAD_BYTES as u64 - 4).read_to_end(&mut buf).ok()?;
     Some(buf)
 }
 

@@ -395,9 +395,10 @@ impl Fetcher {
             // Where misses land, for studying layouts (`STRATA_LOG=strata_fs::fetch=debug`).
             tracing::debug!(blob = %blob.blob.digest, chunk = i, at = base, span = max_span,
                 claimed = claimed.len(), "miss");
-            let behind = match max_span {
-                0 => Vec::new(),
-                _ => self.behind(toc, i, &inflight),
+            // A planned blob fetches nothing around its misses (`max_span` 0 above).
+            let behind = match max_span == 0 || self.max_behind == 0 {
+                true => Vec::new(),
+                false => self.behind(toc, i, &inflight),
             };
             let flights = claim(&mut inflight, toc, &claimed);
             let behind_flights = claim(&mut inflight, toc, &behind);
@@ -512,6 +513,9 @@ impl Fetcher {
                     f.offset + f.compressed as u64 <= have
                 })
                 .count();
+            if ready == 0 {
+                return;
+            }
             let part = &claimed[done..done + ready];
             for (k, r) in (done..).zip(self.checked(blob, part, &buf, range.start)) {
                 match r {

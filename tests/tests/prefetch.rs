@@ -42,6 +42,12 @@ fn fixture(bucket: &str, tag: &str, seed: u32) -> Option<Fixture> {
     })
 }
 
+/// `strata trace IMAGE --json -- cat /data/a.bin` through `d`: its JSON answer.
+fn trace_reading_a(d: &Daemon, image: &str) -> serde_json::Value {
+    let cmd = ["/bin/sh", "-c", "cat /data/a.bin > /dev/null"];
+    json(&d.ok(&[&["trace", image, "--json", "--"][..], &cmd[..]].concat()))
+}
+
 #[test]
 fn a_traced_plan_is_warmed_when_a_sandbox_is_created() {
     if !can_mount() {
@@ -62,15 +68,7 @@ fn a_traced_plan_is_warmed_when_a_sandbox_is_created() {
     // Trace a run on one node.
     {
         let d = Daemon::start(&store, &[]);
-        let out = json(&d.ok(&[
-            "trace",
-            "pf:v1",
-            "--json",
-            "--",
-            "/bin/sh",
-            "-c",
-            "cat /data/a.bin > /dev/null",
-        ]));
+        let out = trace_reading_a(&d, "pf:v1");
         assert_eq!(out["exit_code"].as_i64(), Some(0), "{out}");
         let chunks = out["chunks"].as_u64().expect("chunks");
         assert!(chunks >= 3, "a.bin alone is 3 chunks: {out}");
@@ -100,14 +98,7 @@ fn a_traced_plan_is_warmed_when_a_sandbox_is_created() {
             "{o:?}"
         );
         // Restore the plan of the first run.
-        d.ok(&[
-            "trace",
-            "pf:v1",
-            "--",
-            "/bin/sh",
-            "-c",
-            "cat /data/a.bin > /dev/null",
-        ]);
+        trace_reading_a(&d, "pf:v1");
     }
 
     // A fresh node (empty cache) warms the plan when a sandbox is created.
@@ -220,15 +211,7 @@ fn a_new_image_inherits_the_plans_of_its_layers() {
     // Image A, the base alone, is traced once.
     {
         let d = Daemon::start(&store, &[]);
-        let out = json(&d.ok(&[
-            "trace",
-            "base:v1",
-            "--json",
-            "--",
-            "/bin/sh",
-            "-c",
-            "cat /data/a.bin > /dev/null",
-        ]));
+        let out = trace_reading_a(&d, "base:v1");
         assert_eq!(out["layer_plans"].as_u64(), Some(1), "{out}");
     }
     // Image B: the base and a fresh workspace layer, never traced, with no plan of its own.
