@@ -165,8 +165,9 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
         ),
         ("GET", ["v1", "status"]) => {
             let mut v = d.status();
-            if let (Some(v), Some(extra)) = (v.as_object_mut(), hooks.status.as_object()) {
-                v.extend(extra.clone());
+            let extra = hooks.status.as_ref().map(|f| f());
+            if let (Some(v), Some(Value::Object(extra))) = (v.as_object_mut(), extra) {
+                v.extend(extra);
             }
             json_reply((200, v))
         }
@@ -264,13 +265,16 @@ pub fn bind(socket: &Path, group: Option<u32>) -> std::io::Result<UnixListener> 
 /// Asks whoever runs this server for an in-place upgrade (`POST /v1/upgrade`).
 pub type UpgradeHook = Box<dyn Fn() -> std::io::Result<()> + Send + Sync>;
 
+/// What the process around the daemon adds to `GET /v1/status`, asked at every call.
+pub type StatusHook = Box<dyn Fn() -> Value + Send + Sync>;
+
 /// What the process around the daemon adds to the API.
 #[derive(Default)]
 pub struct Hooks {
     /// Starts an upgrade; `None`: this server cannot be replaced in place.
     pub upgrade: Option<UpgradeHook>,
-    /// Merged into `GET /v1/status` (e.g. the descriptor holder's pid).
-    pub status: Value,
+    /// Merged into `GET /v1/status` (e.g. the descriptor holder's pid, while it lives).
+    pub status: Option<StatusHook>,
 }
 
 /// Serves the API on a bound listener (possibly inherited: connections made while no server ran wait

@@ -339,6 +339,10 @@ impl Daemon {
             Fuse::Fresh(c) => (c, false),
             Fuse::Adopt(c) => (c, true),
         };
+        if adopted {
+            // A predecessor (perhaps an older version) may have left looser modes behind.
+            crate::perms::secure(&config)?;
+        }
         let chan = Arc::new(chan);
         let mut store = Store::open(&config.store)?;
         let deadline = Duration::from_secs_f64(config.read_timeout_secs.max(0.1));

@@ -9,6 +9,8 @@
 //! | directory | mode without a group | with `group` |
 //! |---|---|---|
 //! | `state_dir/cache`, `state_dir/layers`, `state_dir/sandboxes` | 0700 | 0700 (the group never needs them) |
+//! | `state_dir/node` and everything in it (sandbox records hold image configs, whose env may carry secrets; layer descriptors; tables of contents) | 0700, files 0600 | 0700, files 0600 |
+//! | `state_dir/stratad.lock` (the pid of the node's holder) | 0600 | 0600 |
 //! | `runtime_dir` (the control socket, the blob server's mount) | 0700 | 0750, that gid |
 //! | `runtime_dir/sandboxes` (the rootfs paths a launcher is given) | 0700 | 0750, that gid |
 //! | `runtime_dir/layers` (the layer mounts, overlay lowers only) | 0700 | 0700 |
@@ -16,8 +18,9 @@
 //!
 //! `runtime_dir/fuse` is not touched: it is the blob server's mount point, whose root's attributes the
 //! blob server gives (following `group`), and a `chmod` there would wait on a FUSE connection whose
-//! server may be gone. Files are 0600: chunk cache segments get their mode where they are created (`cache.rs`); layer
-//! metadata files found at start are fixed here. Directories an older daemon left with looser modes are
+//! server may be gone. Files are 0600: chunk cache segments get their mode where they are created (`cache.rs`),
+//! node records theirs in [`crate::state::write_atomic`]; layer metadata files and node records found at
+//! start (an older daemon wrote them 0644) are fixed here. Directories an older daemon left with looser modes are
 //! tightened at every start. A `runtime_dir` that is shared with others (world-writable or sticky, like
 //! `/tmp`) is not changed — only warned about — since tightening it would break every other user of it.
 //! `state_dir` itself is left as it is: it may hold the embedded store other users read.
@@ -60,6 +63,24 @@ pub fn secure(config: &Config) -> Result<(), DaemonError> {
     {
         if f.file_type().is_ok_and(|t| t.is_file()) {
             set_mode(&f.path(), FILE_MODE)?;
+        }
+    }
+    close_tree(&state.join("node"))?;
+    let lock = state.join("stratad.lock");
+    if lock.exists() {
+        set_mode(&lock, FILE_MODE)?;
+    }
+    Ok(())
+}
+
+/// Creates `dir` if needed and closes it and everything under it: directories 0700, files 0600.
+fn close_tree(dir: &Path) -> Result<(), DaemonError> {
+    close_dir(dir, 0o700, None)?;
+    for e in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {
+        match e.file_type() {
+            Ok(t) if t.is_dir() => close_tree(&e.path())?,
+            Ok(t) if t.is_file() => set_mode(&e.path(), FILE_MODE)?,
+            _ => {}
         }
     }
     Ok(())
@@ -110,7 +131,19 @@ mod tests {
         let meta = tmp.path().join("state/layers/ab.erofs");
         std::fs::write(&meta, b"x").unwrap();
         std::fs::set_permissions(&meta, PermissionsExt::from_mode(0o644)).unwrap();
+        // An older daemon's node records: 0755 directories, 0644 records (an image's env in them).
+        let record = tmp.path().join("state/node/sandboxes/sb.json");
+        std::fs::create_dir_all(record.parent().unwrap()).unwrap();
+        for d in ["state/node", "state/node/sandboxes"] {
+            std::fs::set_permissions(tmp.path().join(d), PermissionsExt::from_mode(0o755)).unwrap();
+        }
+        std::fs::write(&record, b"{\"env\": [\"API_TOKEN=x\"]}").unwrap();
+        std::fs::set_permissions(&record, PermissionsExt::from_mode(0o644)).unwrap();
         secure(&config).unwrap();
+        assert_eq!(mode(&record), 0o600);
+        for d in ["node", "node/sandboxes"] {
+            assert_eq!(mode(&config.state_dir.join(d)), 0o700, "state/{d}");
+        }
         for d in ["cache", "layers", "sandboxes"] {
             assert_eq!(mode(&config.state_dir.join(d)), 0o700, "state/{d}");
         }

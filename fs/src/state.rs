@@ -19,6 +19,7 @@
 //! contents verified against their digests when read back), so a successor serves the blobs of every
 //! running sandbox before it talks to the store at all — with the store down, cached data keeps flowing.
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -102,10 +103,22 @@ fn read_record(p: &Path) -> Result<Sandbox, StateError> {
     })
 }
 
-/// Writes `bytes` to `path` so that a crash leaves the old or the new content.
+/// Writes `bytes` to `path` so that a crash leaves the old or the new content. The file is 0600 from
+/// its creation: records hold image configs (an image's env may carry secrets), never for other users.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)
+    };
+    write().map_err(|e| io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| io(path, e))
 }
 
@@ -115,7 +128,11 @@ impl NodeState {
         let dir = state_dir.join("node");
         for d in ["sandboxes", "layers", "tocs"] {
             let p = dir.join(d);
-            std::fs::create_dir_all(&p).map_err(|e| io(&p, e))?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&p)
+                .map_err(|e| io(&p, e))?;
         }
         Ok(NodeState { dir })
     }

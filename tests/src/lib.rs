@@ -5,6 +5,7 @@
 mod daemon;
 pub mod oci;
 pub mod proxy;
+pub mod readers;
 pub mod registry;
 pub mod vm;
 
@@ -718,6 +719,11 @@ pub fn materialized_devices(dir: &Path) -> Vec<PathBuf> {
 /// Path of the `stratad` daemon built for these tests.
 pub fn stratad_bin() -> PathBuf {
     sibling_bin("stratad-under-test")
+}
+
+/// Path of a "stratad" that passes a version probe and exits at once when started (`broken-stratad`).
+pub fn broken_stratad_bin() -> PathBuf {
+    sibling_bin("broken-stratad")
 }
 
 /// A busybox root filesystem (from Debian's busybox-static) in `root`.

@@ -3,86 +3,13 @@
 //! one daemon per state directory; a restart after the whole node died lists the sandboxes it left,
 //! upper directories intact; sandbox ids reused safely (`--resume`, `--fresh`, `strata rm`).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use strata_tests::readers::*;
 use strata_tests::*;
-
-/// An image of busybox plus `n` files of mixed sizes under /data; returns their contents by name.
-fn build_tree_image(store: &StoreEnv, tag: &str, n: usize) -> BTreeMap<String, Vec<u8>> {
-    let src = scratch("img");
-    busybox_rootfs(src.path());
-    let mut files = BTreeMap::new();
-    for i in 0..n {
-        let size = match i % 4 {
-            0 => 3 << 20,
-            1 => 700 << 10,
-            2 => 40 << 10,
-            _ => 3000,
-        };
-        let data = random_bytes(size, 1000 + i as u32);
-        std::fs::write(src.path().join("data").join(format!("f{i:03}")), &data).expect("write");
-        files.insert(format!("f{i:03}"), data);
-    }
-    store.ok(&["build", src.path().to_str().expect("utf8"), "-t", tag]);
-    files
-}
-
-fn drop_caches() {
-    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
-}
-
-#[derive(Default)]
-struct Counts {
-    reads: AtomicU64,
-    failed: AtomicU64,
-    wrong: AtomicU64,
-    /// The longest single file read, in microseconds.
-    longest_us: AtomicU64,
-}
-
-/// Readers: one thread per rootfs reading every file in a loop (order rotated per thread) until `stop`.
-fn start_readers(
-    rootfs: &[PathBuf],
-    files: &Arc<BTreeMap<String, Vec<u8>>>,
-    stop: &Arc<AtomicBool>,
-    counts: &Arc<Counts>,
-) -> Vec<std::thread::JoinHandle<()>> {
-    rootfs
-        .iter()
-        .enumerate()
-        .map(|(k, r)| {
-            let (r, files, stop, counts) = (r.clone(), files.clone(), stop.clone(), counts.clone());
-            std::thread::spawn(move || {
-                let names: Vec<&String> = files.keys().collect();
-                while !stop.load(Ordering::Relaxed) {
-                    for j in 0..names.len() {
-                        let name = names[(j + k * 7) % names.len()];
-                        let t = Instant::now();
-                        let got = std::fs::read(r.join("data").join(name));
-                        counts
-                            .longest_us
-                            .fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);
-                        match got {
-                            Ok(b) if b == files[name] => {}
-                            Ok(_) => {
-                                counts.wrong.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(e) => {
-                                eprintln!("read {name} in {}: {e}", r.display());
-                                counts.failed.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        counts.reads.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect()
-}
 
 #[test]
 fn sandboxes_survive_kill_9_of_the_server_and_an_upgrade() {

@@ -217,6 +217,24 @@ fn api_thread(daemon: &Arc<Daemon>, listener: UnixListener, hooks: Hooks) {
     });
 }
 
+/// Whether the holder that started this server still lives: it is this process's parent as long as it
+/// does (a dead holder's children are reparented).
+fn holder_alive(holder: u32) -> bool {
+    rustix::process::getppid().is_some_and(|p| p.as_raw_nonzero().get() as u32 == holder)
+}
+
+/// The holder's part of `GET /v1/status`: its pid only while it lives, and its report (the running
+/// binary, the last upgrade's outcome, failed server starts).
+fn holder_status(holder: u32, runtime_dir: &Path) -> serde_json::Value {
+    let alive = holder_alive(holder);
+    json!({
+        "mode": "holder",
+        "holder_pid": alive.then_some(holder),
+        "holder_alive": alive,
+        "holder": holder::report::Report::read(runtime_dir),
+    })
+}
+
 /// A server under a holder: SIGTERM hands over, SIGUSR1 tears the node down.
 fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
     let set = signals::block(&[libc::SIGTERM, libc::SIGUSR1, libc::SIGINT]);
@@ -227,13 +245,19 @@ fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
     };
     let daemon = Daemon::start(config.clone(), fuse).context("starting stratad")?;
     let holder = inh.holder;
+    let runtime_dir = config.runtime_dir.clone();
     let hooks = Hooks {
         upgrade: Some(Box::new(move || {
+            if !holder_alive(holder) {
+                return Err(std::io::Error::other(format!(
+                    "the descriptor holder (pid {holder}) is gone: nobody can start a new server; restart the node when convenient"
+                )));
+            }
             let pid =
                 Pid::from_raw(holder as i32).ok_or_else(|| std::io::Error::other("no holder"))?;
             Ok(kill_process(pid, Signal::HUP)?)
         })),
-        status: json!({"holder_pid": holder, "mode": "holder"}),
+        status: Some(Box::new(move || holder_status(holder, &runtime_dir))),
     };
     api_thread(&daemon, UnixListener::from(inh.api), hooks);
     tracing::info!(
@@ -255,6 +279,7 @@ fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
             }
         }
         drop(inh.lock);
+        drop(inh.rlock);
         // Exit without running destructors that could touch the mounts the successor serves.
         std::process::exit(0);
     }
@@ -264,7 +289,7 @@ fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
 /// store, so SIGTERM (a restart) hands over like an upgrade.
 fn serve_for_systemd(config: Config) -> Result<()> {
     let set = signals::block(&[libc::SIGTERM, libc::SIGINT]);
-    let lock = holder::lock_state(&config.state_dir)?;
+    let locks = holder::locks::lock_node(&config.state_dir, &config.runtime_dir)?;
     let mut fds = systemd::take_listen_fds();
     let mut take = |name: &str| {
         fds.iter()
@@ -275,6 +300,7 @@ fn serve_for_systemd(config: Config) -> Result<()> {
     let chan = match fuse {
         Some(fd) => Fuse::Adopt(Channel::from_fd(fd)),
         None => {
+            holder::locks::check_stale_mounts(&locks, &config.state_dir, &config.runtime_dir)?;
             let c = strata_fs::daemon::mount_fresh(&config).context("mounting the blob server")?;
             systemd::notify("FDSTORE=1\nFDNAME=fuse", &[c.fd()])?;
             Fuse::Fresh(c)
@@ -302,7 +328,7 @@ fn serve_for_systemd(config: Config) -> Result<()> {
             });
             Ok(())
         })),
-        status: json!({"mode": "systemd"}),
+        status: Some(Box::new(|| json!({"mode": "systemd"}))),
     };
     api_thread(&daemon, listener, hooks);
     // Ready only once the control socket answers.
@@ -321,14 +347,15 @@ fn serve_for_systemd(config: Config) -> Result<()> {
     let _ = signals::wait(&set);
     daemon.stop_serving();
     let _ = systemd::notify("STOPPING=1", &[]);
-    drop(lock);
+    drop(locks);
     std::process::exit(0);
 }
 
 /// One process, no holder: sandboxes end with it.
 fn serve_plain(config: Config) -> Result<()> {
     let set = signals::block(&[libc::SIGTERM, libc::SIGINT]);
-    let _lock = holder::lock_state(&config.state_dir)?;
+    let locks = holder::locks::lock_node(&config.state_dir, &config.runtime_dir)?;
+    holder::locks::check_stale_mounts(&locks, &config.state_dir, &config.runtime_dir)?;
     let daemon = Daemon::start(config.clone(), Fuse::Mount).context("starting stratad")?;
     let socket = config.runtime_dir.join("stratad.sock");
     let listener = strata_fs::api::bind(&socket, config.group)?;

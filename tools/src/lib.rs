@@ -26,6 +26,7 @@ mod signals;
 mod snapshot;
 mod systemd;
 mod trace;
+mod upgrade;
 mod view;
 mod vm;
 
@@ -44,8 +45,16 @@ fn init_logs() {
         .init();
 }
 
+/// A closed standard output (`strata images | head -1`) ends the program quietly, as it ends `ls` or
+/// `cat`: Rust ignores SIGPIPE, so `println!` would panic (exit 101) on the broken pipe instead.
+fn die_quietly_on_broken_pipes() {
+    // SAFETY: restoring a signal's default disposition before any thread is started.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 /// The `strata` program: parses the command line, runs it, exits with the documented code.
 pub fn main() {
+    die_quietly_on_broken_pipes();
     let args = cli::Cli::parse();
     init_logs();
     if let Err(e) = cli::run(args) {
@@ -56,6 +65,7 @@ pub fn main() {
 
 /// The `pack_diff` program (the same as `strata pack-diff`).
 pub fn pack_diff_main() {
+    die_quietly_on_broken_pipes();
     let args = cli::PackDiffCli::parse();
     init_logs();
     if let Err(e) = cli::run_pack_diff(args) {

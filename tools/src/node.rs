@@ -114,7 +114,8 @@ pub enum DaemonCmd {
     /// Replace the serving stratad with the binary now installed, without disturbing sandboxes: the
     /// descriptor holder starts the new server on the same FUSE connection. Waits until it serves.
     Upgrade {
-        /// Seconds to wait for the new server.
+        /// Seconds the whole upgrade may take (every call to stratad included); exits non-zero, with
+        /// the reason, when the upgrade did not happen within it.
         #[arg(long, default_value_t = 60.0)]
         timeout: f64,
         #[arg(long)]
@@ -132,41 +133,7 @@ pub fn daemon(socket: &Path, cmd: DaemonCmd) -> Result<()> {
             println!("{}", c.call("GET", "/v1/status", None)?);
             Ok(())
         }
-        DaemonCmd::Upgrade { timeout, json } => {
-            let before = c.call("GET", "/v1/status", None)?;
-            let old = before["pid"].as_u64().unwrap_or(0);
-            c.call("POST", "/v1/upgrade", None)?;
-            let start = std::time::Instant::now();
-            let after = loop {
-                // Connections made while no server runs wait in the socket's backlog.
-                if let Ok(v) = c.call("GET", "/v1/status", None) {
-                    if v["pid"].as_u64().is_some_and(|p| p != old) {
-                        break v;
-                    }
-                }
-                if start.elapsed().as_secs_f64() > timeout {
-                    anyhow::bail!(
-                        "stratad did not come back within {timeout} s after the upgrade request"
-                    );
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            };
-            let out = json!({
-                "old_pid": old,
-                "pid": after["pid"],
-                "old_version": before["version"],
-                "version": after["version"],
-                "seconds": start.elapsed().as_secs_f64(),
-            });
-            match json {
-                true => println!("{out}"),
-                false => println!(
-                    "stratad upgraded: pid {old} -> {}, version {} -> {}",
-                    after["pid"], before["version"], after["version"]
-                ),
-            }
-            Ok(())
-        }
+        DaemonCmd::Upgrade { timeout, json } => crate::upgrade::upgrade(&c, timeout, json),
     }
 }
 

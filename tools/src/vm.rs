@@ -7,7 +7,7 @@
 //! DIR/vm.json               everything: drives in order (serial, path, read-only, size), the kernel
 //!                           command line, kernel and initramfs, the QEMU argv
 //! DIR/cmdline               the kernel command line
-//! DIR/qemu.sh               a ready `qemu-system-x86_64 -M microvm …` (KVM if /dev/kvm opens, else TCG;
+//! DIR/qemu.sh               a ready `qemu-system-x86_64 -M microvm …` (KVM if a paused KVM guest starts, else TCG;
 //!                           STRATA_VM_ACCEL=kvm|tcg overrides); extra arguments are passed on
 //! DIR/firecracker.json      a Firecracker --config-file (untested here)
 //! DIR/cloud-hypervisor.json a Cloud Hypervisor vm.create body (untested here)
@@ -34,7 +34,7 @@ use strata_registry::digest::Digest;
 use strata_registry::model::{ImageConfig, LayerKind, Manifest, ManifestLayer, SCHEMA};
 use strata_registry::store::Store;
 
-use crate::exit::Usage;
+use crate::exit::{NotFound, Usage};
 use crate::images::resolve_image;
 
 /// The kernel command line x86 Linux keeps (`COMMAND_LINE_SIZE`).
@@ -84,6 +84,14 @@ pub struct VmArgs {
 
 /// `strata vm`.
 pub fn vm(store: &Store, socket: &Path, a: VmArgs) -> Result<()> {
+    for (what, p) in [("--kernel", &a.kernel), ("--initrd", &a.initrd)] {
+        if !p.is_file() {
+            bail!(NotFound(format!(
+                "{what} {}: no such file (scripts/vm-guest writes the guest kernel and initramfs)",
+                p.display()
+            )));
+        }
+    }
     let (_, manifest) = resolve_image(store, &a.image)?;
     let image_ref = fitting_image(store, &a.image, &manifest)?;
     let mut body = json!({
@@ -323,12 +331,20 @@ fn qemu_script(desc: &Value) -> String {
         r#"#!/bin/sh
 # Starts microVM sandbox {id} of {image} (written by `strata vm`; see docs/VM.md). The console is
 # standard output; the VM ends when the command does (`strata-vm: exit N` is its last line).
-# STRATA_VM_ACCEL=kvm|tcg picks the accelerator (default: kvm if /dev/kvm opens, else tcg).
+# STRATA_VM_ACCEL=kvm|tcg picks the accelerator. Default: kvm if /dev/kvm opens *and* a paused KVM guest
+# starts (some hosts open /dev/kvm but abort every guest, e.g. on an MSR QEMU cannot set), else tcg.
 cmdline={cmdline}
 accel=${{STRATA_VM_ACCEL:-}}
 if [ -z "$accel" ]; then
-  if [ -r /dev/kvm ] && [ -w /dev/kvm ]; then accel=kvm; else accel=tcg; fi
+  accel=tcg
+  if [ -r /dev/kvm ] && [ -w /dev/kvm ]; then
+    timeout 1 qemu-system-x86_64 -accel kvm -cpu host -M microvm -nodefaults -no-user-config \
+      -display none -serial none -monitor none -S >/dev/null 2>&1
+    # Still running when the timeout ended it (124): KVM boots guests here.
+    [ $? = 124 ] && accel=kvm
+  fi
 fi
+echo "qemu.sh: accelerator $accel${{STRATA_VM_ACCEL:+ (STRATA_VM_ACCEL)}}" >&2
 case "$accel" in
   kvm) set -- -accel kvm -cpu host "$@" ;;
   # Without KVM the guest has no clock to calibrate its TSC against (microvm has no HPET): give it.
