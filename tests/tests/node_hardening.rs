@@ -129,10 +129,12 @@ fn a_second_daemon_on_the_same_runtime_dir_is_refused_and_the_first_keeps_servin
     let r = PathBuf::from(d.ok(&["mount", "tree:v1", "--sandbox", "a"]));
     let other_state = scratch("state2");
     for extra in [&[][..], &["--no-holder"][..]] {
-        let out = d
-            .command(extra)
-            .arg("--state-dir")
+        let out = std::process::Command::new(stratad_bin())
+            .args(["--config", "/dev/null", "--store", &store.url, "--state-dir"])
             .arg(other_state.path())
+            .arg("--runtime-dir")
+            .arg(&d.runtime)
+            .args(extra)
             .output()
             .expect("second stratad");
         let err = String::from_utf8_lossy(&out.stderr);
