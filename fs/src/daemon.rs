@@ -395,19 +395,15 @@ impl Daemon {
             d.config.group,
         )
         .map_err(|e| io(&d.config.runtime_dir, e))?;
-        let session = Session::start(
-            d.chan.clone(),
-            Arc::new(fs),
-            d.config.fuse_threads,
-            Options::default(),
-        )
-        .map_err(|e| io(&d.config.runtime_dir, e))?;
-        if adopted {
-            // Requests the previous server read but did not answer come back to this one.
-            if let Err(e) = d.chan.notify_resend() {
-                tracing::warn!(error = %e, "kernel refused FUSE_NOTIFY_RESEND (Linux < 6.9?): reads the previous server held fail at their deadline");
-            }
-        }
+        // Adopted: requests the previous server read but did not answer come back to this one (the
+        // kernel resends them, or this server answers them from the connection's journal).
+        let opts = Options {
+            adopt: adopted,
+            no_resend: std::env::var_os("STRATAD_NO_RESEND").is_some(),
+            ..Options::default()
+        };
+        let session = Session::start(d.chan.clone(), Arc::new(fs), d.config.fuse_threads, opts)
+            .map_err(|e| io(&d.config.runtime_dir, e))?;
         *d.fuse.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
         Ok(d)
     }
@@ -657,6 +653,8 @@ impl Daemon {
             serde_json::json!({
                 "requests": st.requests.load(std::sync::atomic::Ordering::Relaxed),
                 "resent": st.resent.load(std::sync::atomic::Ordering::Relaxed),
+                "replayed": st.replayed.load(std::sync::atomic::Ordering::Relaxed),
+                "journal": s.channel().journal().is_some(),
                 "initialized_here": st.initialized_here.load(std::sync::atomic::Ordering::Relaxed),
             })
         });

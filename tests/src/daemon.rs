@@ -17,6 +17,8 @@ pub struct Daemon {
     pub runtime: PathBuf,
     pub socket: PathBuf,
     pub store: StoreEnv,
+    /// Extra environment for every stratad started (e.g. `STRATAD_NO_RESEND`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -36,6 +38,27 @@ impl Daemon {
             runtime,
             socket,
             store: store.clone(),
+            env: Vec::new(),
+        };
+        d.spawn(extra);
+        d
+    }
+
+    /// [`Daemon::start`] with extra environment variables for stratad.
+    pub fn start_with_env(store: &StoreEnv, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let state = scratch("state");
+        let runtime = state.path().join("run");
+        let mut d = Daemon {
+            child: None,
+            bin: stratad_bin(),
+            socket: runtime.join("stratad.sock"),
+            runtime,
+            state,
+            store: store.clone(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         d.spawn(extra);
         d
@@ -61,7 +84,7 @@ impl Daemon {
             .arg(&self.runtime)
             .args(extra)
             .env("STRATA_LOG", "warn");
-        for (k, v) in &self.store.env {
+        for (k, v) in self.store.env.iter().chain(&self.env) {
             c.env(k, v);
         }
         c

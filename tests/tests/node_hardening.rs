@@ -130,7 +130,13 @@ fn a_second_daemon_on_the_same_runtime_dir_is_refused_and_the_first_keeps_servin
     let other_state = scratch("state2");
     for extra in [&[][..], &["--no-holder"][..]] {
         let out = std::process::Command::new(stratad_bin())
-            .args(["--config", "/dev/null", "--store", &store.url, "--state-dir"])
+            .args([
+                "--config",
+                "/dev/null",
+                "--store",
+                &store.url,
+                "--state-dir",
+            ])
             .arg(other_state.path())
             .arg("--runtime-dir")
             .arg(&d.runtime)

@@ -21,6 +21,7 @@ use rustix::process::{kill_process, Pid, Signal};
 use serde_json::json;
 use strata_fs::api::Hooks;
 use strata_fs::daemon::{Config, Daemon, Fuse};
+use strata_fs::fuse::journal::Journal;
 use strata_fs::fuse::Channel;
 use strata_fs::size::parse_size;
 
@@ -238,7 +239,10 @@ fn holder_status(holder: u32, runtime_dir: &Path) -> serde_json::Value {
 /// A server under a holder: SIGTERM hands over, SIGUSR1 tears the node down.
 fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
     let set = signals::block(&[libc::SIGTERM, libc::SIGUSR1, libc::SIGINT]);
-    let chan = Channel::from_fd(inh.fuse);
+    let mut chan = Channel::from_fd(inh.fuse);
+    if let Some(j) = inh.journal {
+        chan = chan.with_journal(Journal::from_fd(j).context("the FUSE request journal")?);
+    }
     let fuse = match inh.fresh {
         true => Fuse::Fresh(chan),
         false => Fuse::Adopt(chan),
@@ -296,13 +300,22 @@ fn serve_for_systemd(config: Config) -> Result<()> {
             .position(|(n, _)| n == name)
             .map(|i| fds.remove(i).1)
     };
-    let (fuse, api) = (take("fuse"), take("api"));
+    let (fuse, api, journal) = (take("fuse"), take("api"), take("journal"));
     let chan = match fuse {
-        Some(fd) => Fuse::Adopt(Channel::from_fd(fd)),
+        Some(fd) => {
+            let mut c = Channel::from_fd(fd);
+            if let Some(j) = journal {
+                c = c.with_journal(Journal::from_fd(j).context("the FUSE request journal")?);
+            }
+            Fuse::Adopt(c)
+        }
         None => {
             holder::locks::check_stale_mounts(&locks, &config.state_dir, &config.runtime_dir)?;
             let c = strata_fs::daemon::mount_fresh(&config).context("mounting the blob server")?;
             systemd::notify("FDSTORE=1\nFDNAME=fuse", &[c.fd()])?;
+            if let Some(j) = c.journal() {
+                systemd::notify("FDSTORE=1\nFDNAME=journal", &[j.fd()])?;
+            }
             Fuse::Fresh(c)
         }
     };

@@ -12,7 +12,9 @@
 //!   their digests (see `blobfs`), so the kernel's cached lookups and open files stay valid.
 //! - **Nothing lost in flight.** Requests a dead server had read but not answered stay in the
 //!   connection's processing queue (the descriptor never closed, so the kernel did not end them). A
-//!   successor writes `FUSE_NOTIFY_RESEND` (Linux 6.9+) and the kernel queues them again.
+//!   successor writes `FUSE_NOTIFY_RESEND` (Linux 6.9+) and the kernel queues them again. Older kernels
+//!   cannot: every server records what it reads in the connection's [`journal`] (shared memory kept by
+//!   the holder with the descriptor), and a successor answers what its predecessor left there.
 //! - **One descriptor, no clones.** Every worker thread reads the one shared descriptor. A cloned
 //!   descriptor (`FUSE_DEV_IOC_CLONE`, as fuser uses) has its own processing queue, and closing it — as
 //!   a dying server does — ends its requests with an error: a failed read in some sandbox.
@@ -22,6 +24,7 @@
 //! the descriptor and the mount ([`Channel`]), and the request loop ([`session`]); what the files are is
 //! the [`session::Filesystem`] implementation's business (`crate::blobfs`).
 
+pub mod journal;
 pub mod proto;
 pub mod session;
 
@@ -34,9 +37,10 @@ use rustix::fs::{Mode, OFlags};
 use rustix::mount::MountFlags;
 use zerocopy::IntoBytes;
 
-/// An open FUSE connection (`/dev/fuse` descriptor), mounted somewhere.
+/// An open FUSE connection (`/dev/fuse` descriptor), mounted somewhere, with its request journal.
 pub struct Channel {
     fd: OwnedFd,
+    journal: Option<journal::Journal>,
 }
 
 /// How a read of the device ended.
@@ -52,7 +56,18 @@ pub enum Received {
 impl Channel {
     /// Wraps a descriptor of an existing connection (inherited from the holder or systemd).
     pub fn from_fd(fd: OwnedFd) -> Channel {
-        Channel { fd }
+        Channel { fd, journal: None }
+    }
+
+    /// The same connection with its request journal (inherited with it).
+    pub fn with_journal(mut self, j: journal::Journal) -> Channel {
+        self.journal = Some(j);
+        self
+    }
+
+    /// The request journal, if the connection has one (a holder's connection always has).
+    pub fn journal(&self) -> Option<&journal::Journal> {
+        self.journal.as_ref()
     }
 
     /// Opens a new connection and mounts it read-only (`nodev`, `nosuid`, `noexec`) at `target`. Without
@@ -75,7 +90,10 @@ impl Channel {
             MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID | MountFlags::NOEXEC,
             data.as_c_str(),
         )?;
-        Ok(Channel { fd })
+        let journal = journal::Journal::create()
+            .inspect_err(|e| tracing::warn!(error = %e, "no FUSE request journal: a dead server's reads are lost on kernels without FUSE_NOTIFY_RESEND"))
+            .ok();
+        Ok(Channel { fd, journal })
     }
 
     /// The descriptor (to hand to a successor or systemd's store).

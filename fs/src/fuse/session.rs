@@ -3,8 +3,11 @@
 //! any thread.
 //!
 //! `INIT` is answered whenever it comes, always the same way, so a server that starts on a connection
-//! another server initialized simply never sees one. A worker that reads a request after [`Session::stop`]
-//! leaves it unanswered: a handover's successor asks the kernel to resend it.
+//! another server initialized simply never sees one. Every request is recorded in the connection's
+//! journal (`super::journal`) as it is read and cleared when answered. A worker that reads a request after
+//! [`Session::stop`] leaves it unanswered and recorded. A session that *adopts* a connection
+//! ([`Options::adopt`]) asks the kernel to resend what its predecessor left (Linux 6.9+) and frees those
+//! records, or, where the kernel cannot, answers them itself from the records.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,6 +18,7 @@ use std::time::Duration;
 use rustix::io::Errno;
 use zerocopy::IntoBytes;
 
+use super::journal::{Journal, Leftover};
 use super::proto::{self, init, op, Attr, Request};
 use super::{Channel, Received};
 
@@ -43,6 +47,11 @@ pub struct Options {
     pub max_background: u16,
     /// How long the kernel may cache lookups and attributes.
     pub ttl: Duration,
+    /// This session takes over a connection another server served: get back what that one left.
+    pub adopt: bool,
+    /// Never ask the kernel to resend (answer a predecessor's requests from the journal, as on a
+    /// kernel older than 6.9): for tests of that path on newer kernels.
+    pub no_resend: bool,
 }
 
 impl Default for Options {
@@ -55,6 +64,8 @@ impl Default for Options {
             // reads there (they wait in the server's per-blob queues instead, holding only memory).
             max_background: 1024,
             ttl: Duration::from_secs(3600),
+            adopt: false,
+            no_resend: false,
         }
     }
 }
@@ -64,41 +75,50 @@ impl Default for Options {
 pub struct Reply {
     chan: Arc<Channel>,
     unique: u64,
+    /// The request's record in the journal, cleared once answered.
+    slot: Option<usize>,
     sent: bool,
 }
 
 impl Reply {
-    fn new(chan: &Arc<Channel>, unique: u64) -> Reply {
+    fn new(chan: &Arc<Channel>, unique: u64, slot: Option<usize>) -> Reply {
         Reply {
             chan: chan.clone(),
             unique,
+            slot,
             sent: false,
+        }
+    }
+
+    /// Writes `parts` as the answer and frees the request's record.
+    fn send(&mut self, parts: &[&[u8]]) {
+        self.sent = true;
+        if let Err(e) = self.chan.send(parts) {
+            tracing::warn!(error = %e, "FUSE reply failed");
+        }
+        if let (Some(j), Some(slot)) = (self.chan.journal(), self.slot.take()) {
+            j.clear(slot);
         }
     }
 
     /// Answers with the concatenation of `parts`.
     pub fn data(mut self, parts: &[&[u8]]) {
-        self.sent = true;
         let body: usize = parts.iter().map(|p| p.len()).sum();
         let h = proto::out_header(self.unique, 0, body);
         let mut all = Vec::with_capacity(parts.len() + 1);
         all.push(h.as_bytes());
         all.extend_from_slice(parts);
-        if let Err(e) = self.chan.send(&all) {
-            tracing::warn!(error = %e, "FUSE reply failed");
-        }
+        self.send(&all);
     }
 
     /// Answers with an error.
     pub fn error(mut self, e: Errno) {
-        self.sent = true;
         let h = proto::out_header(self.unique, -e.raw_os_error(), 0);
-        if let Err(e) = self.chan.send(&[h.as_bytes()]) {
-            tracing::warn!(error = %e, "FUSE reply failed");
-        }
+        self.send(&[h.as_bytes()]);
     }
 
-    /// Does not answer: the request stays with the kernel, to be resent to a successor.
+    /// Does not answer: the request stays with the kernel (and in the journal, if recorded), for a
+    /// successor.
     pub fn abandon(mut self) {
         self.sent = true;
     }
@@ -108,7 +128,7 @@ impl Drop for Reply {
     fn drop(&mut self) {
         if !self.sent {
             let h = proto::out_header(self.unique, -Errno::IO.raw_os_error(), 0);
-            let _ = self.chan.send(&[h.as_bytes()]);
+            self.send(&[h.as_bytes()]);
         }
     }
 }
@@ -123,6 +143,8 @@ pub struct Stats {
     pub initialized_here: AtomicBool,
     /// The kernel said it supports `FUSE_NOTIFY_RESEND` (known only to the server that saw `INIT`).
     pub kernel_resend: AtomicBool,
+    /// Requests a predecessor left that this server answered from the journal (no kernel resend).
+    pub replayed: AtomicU64,
 }
 
 /// Worker threads serving one connection.
@@ -137,7 +159,8 @@ pub struct Session {
 const REQUEST_BUFFER: usize = 64 << 10;
 
 impl Session {
-    /// Starts `threads` workers serving `chan` with `fs`.
+    /// Starts `threads` workers serving `chan` with `fs`; with [`Options::adopt`], first gets back what
+    /// a predecessor left unanswered (see the module documentation).
     pub fn start<F: Filesystem>(
         chan: Arc<Channel>,
         fs: Arc<F>,
@@ -146,20 +169,26 @@ impl Session {
     ) -> io::Result<Session> {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Stats::default());
+        // Taken before any worker records a request of its own.
+        let leftovers = chan.journal().map(Journal::leftovers).unwrap_or_default();
+        let worker = Worker {
+            chan: chan.clone(),
+            fs,
+            stop: stop.clone(),
+            stats: stats.clone(),
+            opts,
+        };
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
-            let w = Worker {
-                chan: chan.clone(),
-                fs: fs.clone(),
-                stop: stop.clone(),
-                stats: stats.clone(),
-                opts: opts.clone(),
-            };
+            let w = worker.clone();
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("strata-fuse-{i}"))
                     .spawn(move || w.run())?,
             );
+        }
+        if worker.opts.adopt {
+            worker.take_over(leftovers)?;
         }
         Ok(Session {
             chan,
@@ -195,6 +224,23 @@ struct Worker<F> {
     opts: Options,
 }
 
+impl<F> Clone for Worker<F> {
+    fn clone(&self) -> Self {
+        Worker {
+            chan: self.chan.clone(),
+            fs: self.fs.clone(),
+            stop: self.stop.clone(),
+            stats: self.stats.clone(),
+            opts: self.opts.clone(),
+        }
+    }
+}
+
+/// Requests that get no answer, so are never recorded.
+fn unanswered(opcode: u32) -> bool {
+    matches!(opcode, op::FORGET | op::BATCH_FORGET | op::INTERRUPT)
+}
+
 impl<F: Filesystem> Worker<F> {
     fn run(self) {
         let mut buf = vec![0u8; REQUEST_BUFFER];
@@ -208,24 +254,67 @@ impl<F: Filesystem> Worker<F> {
                     return;
                 }
             };
+            let req = Request::parse(&buf[..n]);
+            let slot = match (&req, self.chan.journal()) {
+                (Ok(r), Some(j)) if !unanswered(r.header.opcode) => {
+                    j.record(r.header.unique, &buf[..n])
+                }
+                _ => None,
+            };
             if self.stop.load(Ordering::SeqCst) {
-                // Left unanswered: the successor's resend brings it back.
+                // Left unanswered (and recorded): the successor gets it back.
                 return;
             }
-            match Request::parse(&buf[..n]) {
-                Ok(req) => self.dispatch(&req),
+            match req {
+                Ok(req) => self.dispatch(&req, slot),
                 Err(e) => tracing::warn!(error = %e, "bad FUSE request"),
             }
         }
     }
 
-    fn dispatch(&self, req: &Request<'_>) {
+    /// Gets back what a predecessor left: the kernel resends it (the records are dropped), or, where it
+    /// cannot, this server answers the recorded requests (on a thread of their own).
+    fn take_over(&self, leftovers: Vec<Leftover>) -> io::Result<()> {
+        let resent = !self.opts.no_resend && self.chan.notify_resend().is_ok();
+        if resent {
+            if let Some(j) = self.chan.journal() {
+                leftovers.iter().for_each(|l| j.clear(l.slot));
+            }
+            return Ok(());
+        }
+        tracing::info!(
+            requests = leftovers.len(),
+            "no FUSE_NOTIFY_RESEND (Linux < 6.9): answering the previous server's requests from its journal"
+        );
+        let w = self.clone();
+        std::thread::Builder::new()
+            .name("strata-fuse-replay".into())
+            .spawn(move || {
+                for l in leftovers {
+                    match Request::parse(&l.bytes) {
+                        Ok(req) if req.header.unique == l.unique => {
+                            w.stats.replayed.fetch_add(1, Ordering::Relaxed);
+                            w.dispatch(&req, Some(l.slot));
+                        }
+                        _ => {
+                            tracing::warn!(unique = l.unique, "damaged journal record: dropped");
+                            if let Some(j) = w.chan.journal() {
+                                j.clear(l.slot);
+                            }
+                        }
+                    }
+                }
+            })?;
+        Ok(())
+    }
+
+    fn dispatch(&self, req: &Request<'_>, slot: Option<usize>) {
         let h = &req.header;
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         if h.unique & proto::UNIQUE_RESEND != 0 {
             self.stats.resent.fetch_add(1, Ordering::Relaxed);
         }
-        let reply = Reply::new(&self.chan, h.unique);
+        let reply = Reply::new(&self.chan, h.unique, slot);
         let ino = h.nodeid;
         match h.opcode {
             op::INIT => self.init(req, reply),

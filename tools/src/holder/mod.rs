@@ -46,8 +46,9 @@ use report::{Report, Upgrade};
 use server::{Binary, StartError};
 
 /// The environment variable that hands a server its inherited descriptors:
-/// `fuse=N,api=N,lock=N,rlock=N,holder=PID[,fresh=1]` (`fresh`: the first server on a connection just
-/// mounted; `lock`, `rlock`: the state and runtime directories' locks).
+/// `fuse=N,api=N,lock=N,rlock=N,journal=N,holder=PID[,fresh=1]` (`fresh`: the first server on a
+/// connection just mounted; `lock`, `rlock`: the state and runtime directories' locks; `journal`: the
+/// connection's request journal, `strata_fs::fuse::journal`).
 pub const ENV: &str = "STRATAD_SERVE";
 
 /// How long a new binary has to answer on the control socket after an upgrade before the holder gives
@@ -66,6 +67,8 @@ pub struct Inherited {
     pub lock: OwnedFd,
     /// The runtime directory's lock (absent when started by an older holder).
     pub rlock: Option<OwnedFd>,
+    /// The connection's request journal (absent when started by an older holder).
+    pub journal: Option<OwnedFd>,
     pub holder: u32,
     /// The holder mounted the connection for this server: nobody served it before.
     pub fresh: bool,
@@ -84,8 +87,8 @@ pub fn take_inherited() -> Result<Option<Inherited>> {
     };
     let get = |k: &str| find(k).with_context(|| format!("{ENV}={spec:?}: no {k}"));
     let (fuse, api, lock, holder) = (get("fuse")?, get("api")?, get("lock")?, get("holder")?);
-    let rlock = find("rlock");
-    for fd in [fuse, api, lock].into_iter().chain(rlock) {
+    let (rlock, journal) = (find("rlock"), find("journal"));
+    for fd in [fuse, api, lock].into_iter().chain(rlock).chain(journal) {
         if fd < 3 {
             bail!("{ENV}={spec:?}: descriptor {fd} is not an inherited one");
         }
@@ -98,12 +101,14 @@ pub fn take_inherited() -> Result<Option<Inherited>> {
         api: own(api),
         lock: own(lock),
         rlock: rlock.map(own),
+        journal: journal.map(own),
         holder: holder as u32,
         fresh: spec.split(',').any(|kv| kv == "fresh=1"),
     };
     for fd in [&inh.fuse, &inh.api, &inh.lock]
         .into_iter()
         .chain(&inh.rlock)
+        .chain(&inh.journal)
     {
         fcntl_setfd(fd, FdFlags::CLOEXEC)?;
     }
@@ -260,15 +265,19 @@ pub fn hold(config: &Config, args: Vec<OsString>) -> Result<()> {
     let socket = config.runtime_dir.join("stratad.sock");
     let listener = strata_fs::api::bind(&socket, config.group)
         .with_context(|| format!("control socket {}", socket.display()))?;
+    let journal = chan.journal().map(|j| j.fd());
     for fd in [
         chan.fd(),
         listener.as_fd(),
         locks.state.as_fd(),
         locks.runtime.as_fd(),
-    ] {
+    ]
+    .into_iter()
+    .chain(journal)
+    {
         fcntl_setfd(fd, FdFlags::empty())?;
     }
-    let env = format!(
+    let mut env = format!(
         "fuse={},api={},lock={},rlock={},holder={}",
         chan.fd().as_raw_fd(),
         listener.as_raw_fd(),
@@ -276,6 +285,9 @@ pub fn hold(config: &Config, args: Vec<OsString>) -> Result<()> {
         locks.runtime.as_raw_fd(),
         std::process::id()
     );
+    if let Some(j) = journal {
+        env.push_str(&format!(",journal={}", j.as_raw_fd()));
+    }
     // Resolved now: an upgrade installs the new binary at this path.
     let exe: PathBuf = std::env::current_exe().context("stratad's own path")?;
     let mut h = Holder {
