@@ -43,6 +43,13 @@ pub enum BuildError {
     BlobGone {
         blob: strata_registry::digest::Digest,
     },
+    #[error("{what} needs about {need} bytes in {dir}, which has {free} free: nothing was stored for it")]
+    NoSpace {
+        what: String,
+        dir: PathBuf,
+        need: u64,
+        free: u64,
+    },
 }
 
 impl BuildError {

@@ -60,6 +60,7 @@ fn oci_code(e: &OciError) -> i32 {
         | OciError::Malformed(_) => 5,
         OciError::Http { status: 404, .. } => 3,
         OciError::Unsupported(_)
+        | OciError::Timeout { .. }
         | OciError::Io { .. }
         | OciError::Http { .. }
         | OciError::Transport { .. } => 1,
@@ -100,7 +101,8 @@ pub fn code(e: &anyhow::Error) -> i32 {
                 BuildError::Store(s) => store_code(s),
                 BuildError::MissingSource { .. } => 3,
                 BuildError::Option(_) => 2,
-                BuildError::Tar(_) | BuildError::UnsafeEntry { .. } => 5,
+                // A tree error is a tar's: a member below a symlink or file, a hard link to nothing.
+                BuildError::Tar(_) | BuildError::UnsafeEntry { .. } | BuildError::Tree(_) => 5,
                 BuildError::Oci(o) => oci_code(o),
                 _ => 1,
             };
