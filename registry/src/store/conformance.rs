@@ -319,8 +319,11 @@ pub fn silent(b: &dyn StoreBackend, deadline: Duration, spool: &std::path::Path)
         b.put(&k, data.clone(), PutMode::Create).map(|_| ())
     });
     timed("put (if-match)", &|| {
-        b.put(&k, data.clone(), PutMode::IfMatch(Version::default()))
-            .map(|_| ())
+        let v = Version {
+            e_tag: Some("\"e\"".into()),
+            version: None,
+        };
+        b.put(&k, data.clone(), PutMode::IfMatch(v)).map(|_| ())
     });
     timed("put_file", &|| b.put_file(&k, spool));
     timed("list", &|| b.list("conformance").map(|_| ()));
