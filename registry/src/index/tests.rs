@@ -376,8 +376,8 @@ fn a_damaged_cache_is_moved_aside_and_rebuilt() {
     assert!(!ssts.is_empty(), "no table file in {}", db.display());
     for sst in &ssts {
         let mut b = std::fs::read(sst).unwrap();
-        for i in 0..b.len() {
-            b[i] ^= 0x5a;
+        for x in b.iter_mut() {
+            *x ^= 0x5a;
         }
         std::fs::write(sst, b).unwrap();
     }
