@@ -33,7 +33,8 @@ pub enum BuildError {
     Option(String),
     #[error("layer {layer}: {why}")]
     Layer { layer: String, why: String },
-    #[error("{0}")]
+    /// Transparent: the message is not repeated by the error's chain.
+    #[error(transparent)]
     Oci(#[from] crate::oci::OciError),
     #[error("layer metadata: {0}")]
     Metadata(#[from] crate::erofs::ErofsError),
