@@ -70,6 +70,8 @@ struct StoreWide {
     cache: IndexCache,
     cap: usize,
     sel: Mutex<Selection>,
+    /// A lookup failed: the cache is marked damaged (rebuilt by the next build) and not asked again.
+    damaged: std::sync::atomic::AtomicBool,
 }
 
 /// Chunks stored before this build (see the module documentation).
@@ -139,6 +141,7 @@ impl Known {
                     },
                     ..Selection::default()
                 }),
+                damaged: Default::default(),
             });
         }
         Ok(known)
@@ -159,10 +162,17 @@ impl Known {
                 return true;
             }
         }
+        use std::sync::atomic::Ordering;
+        if sw.damaged.load(Ordering::Relaxed) {
+            return false;
+        }
         let hits = match sw.cache.lookup(d) {
             Ok(h) => h,
             Err(e) => {
-                tracing::warn!(error = %e, "index lookup failed: storing the chunk");
+                if !sw.damaged.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "index lookup failed: this build stores its remaining chunks, the next one rebuilds the index cache");
+                    sw.cache.mark_damaged(&e.to_string());
+                }
                 return false;
             }
         };

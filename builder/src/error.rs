@@ -33,7 +33,8 @@ pub enum BuildError {
     Option(String),
     #[error("layer {layer}: {why}")]
     Layer { layer: String, why: String },
-    #[error("{0}")]
+    /// Transparent: the message is not repeated by the error's chain.
+    #[error(transparent)]
     Oci(#[from] crate::oci::OciError),
     #[error("layer metadata: {0}")]
     Metadata(#[from] crate::erofs::ErofsError),
@@ -42,6 +43,13 @@ pub enum BuildError {
     #[error("blob {blob}, which this build deduplicated against, was condemned or deleted by gc meanwhile; nothing was written: build again (the index cache now skips it)")]
     BlobGone {
         blob: strata_registry::digest::Digest,
+    },
+    #[error("{what} needs about {need} bytes in {dir}, which has {free} free: nothing was stored for it")]
+    NoSpace {
+        what: String,
+        dir: PathBuf,
+        need: u64,
+        free: u64,
     },
 }
 

@@ -62,6 +62,9 @@ pub struct Config {
     pub cache_size: u64,
     /// A read that cannot complete within this many seconds fails with EIO.
     pub read_timeout_secs: f64,
+    /// Any other store operation (a tag, manifest, layer descriptor or metadata read, a listing, a
+    /// write) fails after this many seconds, and the request that needed it with it.
+    pub store_timeout_secs: f64,
     /// Largest compressed span a miss fetches (its chunk, then the missing chunks after it, in a
     /// parallel request). `None`: [`default_fetch_span`] for the store.
     #[serde(deserialize_with = "crate::size::deserialize_opt")]
@@ -97,6 +100,7 @@ impl Default for Config {
             runtime_dir: PathBuf::from("/run/strata"),
             cache_size: 10 << 30,
             read_timeout_secs: 30.0,
+            store_timeout_secs: 60.0,
             max_fetch_span: None,
             max_fetch_behind: 0,
             fuse_threads: 8,
@@ -344,7 +348,10 @@ impl Daemon {
             crate::perms::secure(&config)?;
         }
         let chan = Arc::new(chan);
-        let mut store = Store::open(&config.store)?;
+        let opts = strata_registry::store::StoreOptions {
+            timeout: Duration::from_secs_f64(config.store_timeout_secs.clamp(0.1, 1e9)),
+        };
+        let mut store = Store::open_with(&config.store, &opts)?;
         let deadline = Duration::from_secs_f64(config.read_timeout_secs.max(0.1));
         store.range_deadline = deadline;
         let store = Arc::new(store);

@@ -5,8 +5,9 @@
 //! objects that nothing names. [`collect`] marks everything reachable from every tag — manifests, their
 //! layers, each layer's metadata (and the metadata a patch is based on) and blobs, the image's and each
 //! layer's prefetch plan — and deletes the unmarked objects under `blobs/`, `meta/`, `layers/`, `manifests/`, `plans/`
-//! and `oci/` that have been unreferenced for longer than `grace`. Other prefixes (`tags/`, a local
-//! store's `tmp/`) are never touched.
+//! and `oci/` that have been unreferenced for longer than `grace`. Other prefixes (`tags/`) are never
+//! touched, except a local store's spool `tmp/`: the files writers that died left there are removed once
+//! older than `grace` ([`Store::clean_spool`]; a live writer's file is kept however old).
 //!
 //! **The grace period** protects work in flight: a build's objects are unreferenced until its tag is
 //! written, so anything younger than `grace` is kept. It must exceed the longest build or `pack_diff`.
@@ -41,7 +42,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::digest::Digest;
-use crate::store::{key, Store, StoreError};
+use crate::store::{key, SpoolReport, Store, StoreError};
 
 /// How to collect.
 #[derive(Clone, Debug)]
@@ -114,6 +115,8 @@ pub struct GcReport {
     pub broken: Vec<BrokenRef>,
     /// Keys deleted (at most the first 1000).
     pub keys: Vec<String>,
+    /// Leftover spool files (a local store's `tmp/`) removed, or that would be.
+    pub spool: SpoolReport,
 }
 
 /// Swept (a blob's `index/` segment goes with it).
@@ -307,6 +310,7 @@ pub fn collect(store: &Store, o: &GcOptions) -> Result<GcReport, GcError> {
             store.delete(&key::condemned(k))?;
         }
     }
+    report.spool = store.clean_spool(o.grace, o.now, o.dry_run)?;
     Ok(report)
 }
 

@@ -3,6 +3,7 @@
 //! for comparing a source with what the kernel (or `strata ls`/`cat`) shows.
 
 mod daemon;
+pub mod hostile;
 pub mod oci;
 pub mod proxy;
 pub mod readers;

@@ -69,6 +69,8 @@ fn hostile_and_broken_sources_are_refused() {
         let t = make_tar(w, name, body);
         let o = store.run(&["build", "--tar", t.to_str().expect("utf8"), "-t", "bad:x"]);
         assert!(!o.status.success(), "{name} was accepted");
+        // Unsafe entries are bad data (exit 5, docs/CLI.md), a symlink escape too.
+        assert_eq!(o.status.code(), Some(5), "{name}: {}", stderr(&o));
         assert!(
             stderr(&o).contains(needle.as_str()),
             "{name}: {}",

@@ -280,3 +280,55 @@ fn build_against_a_blob_gc_condemns_meanwhile() {
     assert!(again.descriptor.stats.new_bytes > 0);
     assert_eq!(again.descriptor.blobs.len(), 1);
 }
+
+/// Issue 22, item 6: a damaged index cache (one byte of a table file flipped) used to cost every later
+/// build 60 s ("index cache busy") and its dedup (4x the bytes) until `strata index sync --rebuild`. The
+/// next build moves it aside, rebuilds it from the store's segments with one warning, and deduplicates.
+#[test]
+fn a_damaged_index_cache_heals_at_the_next_build() {
+    let dir = scratch("dedup-heal");
+    let store = StoreEnv::local(dir.path());
+    let src = scratch("dedup-heal-src");
+    package(src.path(), "libc", 1, 6);
+    let p = src.path().to_str().expect("utf8");
+    let first = build(&store, &[p, "-t", "h:1"]);
+    assert!(first["stats"]["new_bytes"].as_u64().expect("new") > 1_000_000);
+    // The cache learns of the first build's blob at the next sync (a table file is written).
+    store.ok(&["index", "sync"]);
+    let cache = dir.path().join(".index-cache");
+    let mut damaged = 0;
+    for e in walkdir::WalkDir::new(&cache)
+        .into_iter()
+        .filter_map(Result::ok)
+    {
+        if e.path().extension().is_some_and(|x| x == "sst") {
+            let mut b = std::fs::read(e.path()).expect("read");
+            let mid = b.len() / 2;
+            b[mid] ^= 0xff;
+            let last = b.len() - 1;
+            b[last] ^= 0xff;
+            std::fs::write(e.path(), b).expect("write");
+            damaged += 1;
+        }
+    }
+    assert!(damaged > 0, "no table file under {}", cache.display());
+    std::fs::write(src.path().join("new"), b"one more file").expect("write");
+    let t = std::time::Instant::now();
+    let out = store.run(&["build", p, "-t", "h:2", "--json"]);
+    let took = t.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let second = json(&String::from_utf8_lossy(&out.stdout));
+    eprintln!("rebuild took {took:?}: {err}");
+    assert!(took < Duration::from_secs(20), "the build took {took:?}");
+    let new = second["stats"]["new_bytes"].as_u64().expect("new_bytes");
+    assert!(new < 100_000, "{new} bytes stored again: {second}");
+    assert_eq!(err.matches("WARN").count(), 1, "one warning: {err}");
+    assert!(err.contains("index cache is damaged"), "{err}");
+    // Healed: the next build neither warns nor stores anything again.
+    let out = store.run(&["build", p, "--json"]);
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("WARN"));
+    let third = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(third["stats"]["new_bytes"], 0, "{third}");
+}

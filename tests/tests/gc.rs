@@ -67,3 +67,41 @@ fn gc_on_s3() {
     };
     collects(&s3.store("gcbucket", "p"));
 }
+
+/// Issue 22, item 7: the spool files of writers that were killed (`tmp/blob-<pid>-<nanos>.tmp`, 6.5 GB
+/// of them after a killed import) are removed by gc once older than the grace period; a young one, and
+/// one a live process owns, stay.
+#[test]
+fn gc_removes_old_leftovers_of_dead_writers_from_tmp() {
+    let dir = scratch("gc-tmp");
+    let store = StoreEnv::local(dir.path());
+    build_image(&store, "keep:v1", &[("a", b"a".to_vec())]);
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir_all(&tmp).expect("tmp");
+    // Pids above the kernel's limit: no process owns these.
+    let old = tmp.join("blob-2147483600-1700000000000000000.tmp");
+    let young = tmp.join("blob-2147483601-1700000000000000001.tmp");
+    let live = tmp.join(format!(
+        "blob-{}-1700000000000000002.tmp",
+        std::process::id()
+    ));
+    for f in [&old, &young, &live] {
+        std::fs::write(f, vec![0u8; 4096]).expect("write");
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_secs() as i64;
+    set_mtime(&old, now - 3 * 3600, 0);
+    set_mtime(&live, now - 3 * 3600, 0);
+    let dry = json(&store.ok(&["gc", "--grace", "1h", "--dry-run", "--json"]));
+    assert_eq!(dry["spool"]["files"], 1, "{dry}");
+    assert!(old.exists(), "a dry run removed a file");
+    let r = json(&store.ok(&["gc", "--grace", "1h", "--json"]));
+    assert_eq!(r["spool"]["files"], 1, "{r}");
+    assert_eq!(r["spool"]["bytes"], 4096, "{r}");
+    assert!(!old.exists(), "an old leftover of a dead writer was kept");
+    assert!(young.exists(), "a young spool file was removed");
+    assert!(live.exists(), "a live writer's spool file was removed");
+    store.ok(&["cat", "keep:v1", "/data/a"]);
+}

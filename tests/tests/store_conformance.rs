@@ -185,3 +185,22 @@ fn a_range_read_returns_at_its_deadline_whatever_the_server_does() {
         );
     }
 }
+
+/// Issue 22, item 5: whole-object reads and writes, `head`, listings and deletes used to wait 120 s
+/// (the HTTP client's own timeout) on a store that accepts and never answers; every operation now
+/// fails by the backend's deadline.
+#[test]
+fn every_operation_fails_at_its_deadline_against_a_silent_store() {
+    credentials();
+    let deadline = Duration::from_secs(2);
+    let spool = tempfile::tempdir().expect("tempdir");
+    for how in [Misbehaviour::Silent, Misbehaviour::StallsInHeaders] {
+        let server = BadServer::start(how);
+        let endpoint = format!("http://127.0.0.1:{}", server.port);
+        let b = ObjectStoreBackend::s3("bucket", "p", Some(&endpoint))
+            .expect("s3 backend")
+            .with_deadline(deadline);
+        eprintln!("{how:?}");
+        conformance::silent(&b, deadline, &spool.path().join("upload"));
+    }
+}

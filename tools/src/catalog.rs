@@ -244,5 +244,12 @@ pub fn gc(store: &Store, a: GcArgs) -> Result<()> {
         r.young,
         a.grace
     );
+    if r.spool.files > 0 {
+        println!(
+            "{verb} {} spool files ({}) that writers which died left in the store's tmp/",
+            r.spool.files,
+            human(r.spool.bytes)
+        );
+    }
     Ok(())
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use strata_registry::store::{Store, DEFAULT_STORE};
+use strata_registry::store::{Store, StoreOptions, DEFAULT_STORE};
 
 use crate::{
     catalog, compose, copy, export, images, import, index, layers, node, progress, snapshot, trace,
@@ -21,6 +21,10 @@ pub struct Cli {
     /// stratad's control socket.
     #[arg(long, global = true, env = "STRATA_SOCKET", default_value = node::DEFAULT_SOCKET)]
     pub socket: PathBuf,
+    /// Seconds a store operation (a whole-object read or write, a listing page, a range read) may take
+    /// before it fails (exit 6).
+    #[arg(long, global = true, env = "STRATA_STORE_TIMEOUT", value_name = "SECS", default_value = "60", value_parser = parse_secs)]
+    pub store_timeout: std::time::Duration,
     /// Progress of long commands on standard error: a redrawn line on a terminal (tty), a line every
     /// few seconds (plain: the default when standard error is not a terminal), or none.
     #[arg(
@@ -174,6 +178,9 @@ pub struct PackDiffCli {
     /// Progress on standard error: auto, tty, plain (a line every few seconds) or none.
     #[arg(long, env = "STRATA_PROGRESS", value_enum, default_value = "auto")]
     pub progress: progress::Mode,
+    /// Seconds a store operation may take before it fails (exit 6).
+    #[arg(long, env = "STRATA_STORE_TIMEOUT", value_name = "SECS", default_value = "60", value_parser = parse_secs)]
+    pub store_timeout: std::time::Duration,
     #[command(flatten)]
     pub args: snapshot::PackDiffArgs,
 }
@@ -181,9 +188,37 @@ pub struct PackDiffCli {
 /// Runs `pack_diff`.
 pub fn run_pack_diff(cli: PackDiffCli) -> Result<()> {
     progress::set_mode(cli.progress);
-    let store =
-        Store::open_existing(&cli.store).with_context(|| format!("opening store {}", cli.store))?;
+    let store = Store::open_existing_with(&cli.store, &store_options(cli.store_timeout))
+        .with_context(|| format!("opening store {}", cli.store))?;
     snapshot::pack_diff(&store, &cli.socket, cli.args)
+}
+
+/// A number of seconds (fractions allowed), positive and finite.
+pub fn parse_secs(s: &str) -> Result<std::time::Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() && v < 1e9 => Ok(std::time::Duration::from_secs_f64(v)),
+        _ => Err(format!("{s:?} is not a positive number of seconds")),
+    }
+}
+
+/// How commands open stores: every operation within `timeout`, range reads included.
+pub fn store_options(timeout: std::time::Duration) -> StoreOptions {
+    StoreOptions { timeout }
+}
+
+/// Opens a store as commands do (see [`store_options`]).
+fn open_store(
+    url: &str,
+    timeout: std::time::Duration,
+    create: bool,
+) -> Result<Store, strata_registry::store::StoreError> {
+    let opts = store_options(timeout);
+    let mut store = match create {
+        true => Store::open_with(url, &opts),
+        false => Store::open_existing_with(url, &opts),
+    }?;
+    store.range_deadline = timeout;
+    Ok(store)
 }
 
 /// Runs a parsed command line. Commands that only talk to stratad (`mount`, `umount`, `ps`, and
@@ -230,11 +265,9 @@ pub fn run(cli: Cli) -> Result<()> {
         cmd => cmd,
     };
     // Only commands that add to a store create it; the rest need one that exists.
-    let open = match cmd {
-        Cmd::Build(_) | Cmd::Import(_) => Store::open,
-        _ => Store::open_existing,
-    };
-    let store = open(&cli.store).with_context(|| format!("opening store {}", cli.store))?;
+    let create = matches!(cmd, Cmd::Build(_) | Cmd::Import(_));
+    let store = open_store(&cli.store, cli.store_timeout, create)
+        .with_context(|| format!("opening store {}", cli.store))?;
     match cmd {
         Cmd::Build(a) => layers::build(&store, a),
         Cmd::Compose(a) => compose::compose(&store, a),
@@ -249,7 +282,7 @@ pub fn run(cli: Cli) -> Result<()> {
         } => view::ls(&store, &reference, &path, json),
         Cmd::Cat { reference, path } => view::cat(&store, &reference, &path),
         Cmd::Import(a) => import::import(&store, a),
-        Cmd::Copy(a) => copy::copy(&store, a),
+        Cmd::Copy(a) => copy::copy(&store, a, cli.store_timeout),
         Cmd::Export(a) => export::export(&store, a),
         Cmd::Materialize { layer, dir } => layers::materialize(&store, &layer, &dir),
         Cmd::PackDiff(a) => snapshot::pack_diff(&store, socket, a),

@@ -217,7 +217,8 @@ impl Copier<'_> {
 }
 
 /// `strata copy`.
-pub fn copy(src: &Store, a: CopyArgs) -> Result<()> {
+/// `timeout`: the deadline of the destination store's operations (`--store-timeout`).
+pub fn copy(src: &Store, a: CopyArgs, timeout: std::time::Duration) -> Result<()> {
     let start = Instant::now();
     let (manifest_digest, manifest) = match resolve(src, &a.image)? {
         Resolved::Image(d, m) => (d, m),
@@ -233,7 +234,9 @@ pub fn copy(src: &Store, a: CopyArgs) -> Result<()> {
         (None, Ok(t)) if !a.image.starts_with("blake3:") => Some(t),
         _ => None,
     };
-    let dst = Store::open(&a.to).with_context(|| format!("opening store {}", a.to))?;
+    let mut dst = Store::open_with(&a.to, &crate::cli::store_options(timeout))
+        .with_context(|| format!("opening store {}", a.to))?;
+    dst.range_deadline = timeout;
     let mut c = Copier {
         src,
         dst: &dst,

@@ -51,6 +51,10 @@ struct Args {
     /// Seconds before a read that cannot be served fails with EIO.
     #[arg(long)]
     read_timeout: Option<f64>,
+    /// Seconds before any other store operation fails (a tag, manifest, descriptor or metadata read of
+    /// a mount; a listing; a write).
+    #[arg(long)]
+    store_timeout: Option<f64>,
     /// Largest compressed span of one range request, e.g. 4M.
     #[arg(long)]
     max_fetch_span: Option<String>,
@@ -114,6 +118,9 @@ fn load(args: &Args) -> Result<Config> {
     }
     if let Some(t) = args.read_timeout {
         c.read_timeout_secs = t;
+    }
+    if let Some(t) = args.store_timeout {
+        c.store_timeout_secs = t;
     }
     if let Some(s) = &args.max_fetch_span {
         c.max_fetch_span = Some(parse_size(s)?);

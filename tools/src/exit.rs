@@ -21,6 +21,7 @@ use strata_fs::api::{ClientError, ErrorKind};
 
 use crate::catalog::BrokenTags;
 use strata_registry::gc::GcError;
+use strata_registry::index::IndexError;
 use strata_registry::model::ModelError;
 use strata_registry::store::StoreError;
 
@@ -60,6 +61,7 @@ fn oci_code(e: &OciError) -> i32 {
         | OciError::Malformed(_) => 5,
         OciError::Http { status: 404, .. } => 3,
         OciError::Unsupported(_)
+        | OciError::Timeout { .. }
         | OciError::Io { .. }
         | OciError::Http { .. }
         | OciError::Transport { .. } => 1,
@@ -95,12 +97,20 @@ pub fn code(e: &anyhow::Error) -> i32 {
         if let Some(s) = cause.downcast_ref::<StoreError>() {
             return store_code(s);
         }
+        // Transparent: the store error is not a cause of its own in the chain.
+        if let Some(GcError::Store(s)) = cause.downcast_ref::<GcError>() {
+            return store_code(s);
+        }
+        if let Some(IndexError::Store(s)) = cause.downcast_ref::<IndexError>() {
+            return store_code(s);
+        }
         if let Some(b) = cause.downcast_ref::<BuildError>() {
             return match b {
-                BuildError::Store(s) => store_code(s),
+                BuildError::Store(s) | BuildError::Index(IndexError::Store(s)) => store_code(s),
                 BuildError::MissingSource { .. } => 3,
                 BuildError::Option(_) => 2,
-                BuildError::Tar(_) | BuildError::UnsafeEntry { .. } => 5,
+                // A tree error is a tar's: a member below a symlink or file, a hard link to nothing.
+                BuildError::Tar(_) | BuildError::UnsafeEntry { .. } | BuildError::Tree(_) => 5,
                 BuildError::Oci(o) => oci_code(o),
                 _ => 1,
             };

@@ -53,6 +53,12 @@ pub struct ImportArgs {
     /// ~/.docker/config.json).
     #[arg(long, env = "STRATA_REGISTRY_CREDS", hide_env_values = true)]
     pub creds: Option<String>,
+    /// docker://: seconds one registry request may take, its whole body included (a layer blob).
+    #[arg(long, env = "STRATA_REGISTRY_TIMEOUT", value_name = "SECS", default_value = "3600", value_parser = crate::cli::parse_secs)]
+    pub registry_timeout: std::time::Duration,
+    /// docker://: seconds a registry request may wait for its next bytes.
+    #[arg(long, env = "STRATA_REGISTRY_STALL_TIMEOUT", value_name = "SECS", default_value = "60", value_parser = crate::cli::parse_secs)]
+    pub registry_stall_timeout: std::time::Duration,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -86,6 +92,8 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
             let opts = PullOptions {
                 plain_http: a.plain_http,
                 credentials,
+                timeout: a.registry_timeout,
+                stall_timeout: a.registry_stall_timeout,
             };
             distribution::open(r, &platform, &opts)?
         }

@@ -30,12 +30,17 @@
 //! metadata and blobs exist, and reuses it: nothing is built or stored. The source blob is still verified
 //! (hashed, not built) — unless it is in a registry: then it is not downloaded at all. A record that names something missing or different is ignored and rewritten.
 //! Records are hints written after what they name, so a crash leaves at worst an unused record.
+//!
+//! **Limits.** A layer to build must fit: its declared size (and a reserve) must be free in the store's
+//! spool, else the import stops before reading it. A registry's blob is read to its declared size and no
+//! further, within the registry's timeouts ([`crate::oci::distribution::client`]). Every import first
+//! removes what killed writers left in a local store's spool, once older than [`SPOOL_GRACE`].
 
 use std::sync::Arc;
 
 use strata_registry::digest::Digest;
 use strata_registry::model::{LayerDescriptor, LayerKind};
-use strata_registry::store::{key, Store, StoreError};
+use strata_registry::store::{key, Store, StoreError, SPOOL_GRACE};
 
 use crate::build::{build_with, BuildOptions};
 use crate::error::BuildError;
@@ -91,6 +96,8 @@ pub fn import_layers(
     // The metadata of the layers done so far, bottom first, for the layers above them.
     let mut images = Vec::new();
     let mut chain: Option<Sha256Digest> = None;
+    // What killed imports left behind.
+    store.clean_spool(SPOOL_GRACE, std::time::SystemTime::now(), false)?;
     for layer in &image.layers {
         let bottom = done.is_empty();
         let chain_id = chain_id(chain, layer.diff_id);
@@ -114,6 +121,7 @@ pub fn import_layers(
                 }
             }
             None => {
+                check_space(store, layer)?;
                 let mut opts = template.clone();
                 opts.kind = LayerKind::Base;
                 opts.parents = done.iter().rev().map(|l| l.digest).collect();
@@ -149,6 +157,28 @@ pub fn import_layers(
         done.push(imported);
     }
     Ok(done)
+}
+
+/// Free space a layer leaves in the spool's filesystem besides its own blob.
+const SPACE_RESERVE: u64 = 64 << 20;
+
+/// Refuses a layer whose blob cannot fit in the spool (its compressed size as the source declares it: the
+/// stored blob, zstd-compressed chunks, is about as large).
+fn check_space(store: &Store, layer: &OciLayer) -> Result<(), BuildError> {
+    let Some(size) = layer.size else {
+        return Ok(());
+    };
+    let (dir, free) = store.spool_free()?;
+    let need = size.saturating_add(SPACE_RESERVE);
+    if free < need {
+        return Err(BuildError::NoSpace {
+            what: format!("{} ({})", layer.name(), layer.location()),
+            dir,
+            need,
+            free,
+        });
+    }
+    Ok(())
 }
 
 /// The OCI chain ID of a layer with diff ID `diff_id` above the layers whose chain ID is `below`.
@@ -246,11 +276,10 @@ fn check_diff_id(layer: &OciLayer, actual: Sha256Digest) -> Result<(), OciError>
     Ok(())
 }
 
+/// A failed read of a layer blob: a registry's limits ([`crate::oci::distribution::client::from_io`]) keep
+/// their meaning.
 fn read_error(layer: &OciLayer, e: std::io::Error) -> OciError {
-    OciError::Io {
-        path: layer.location(),
-        source: e,
-    }
+    crate::oci::distribution::client::from_io(layer.location(), e)
 }
 
 /// Streams a layer blob into `sink`, verifying blob digest and diff ID on the way.

@@ -86,6 +86,16 @@ pub enum OciError {
         /// The registry's own error codes and messages, or how to fix it.
         detail: String,
     },
+    /// A registry request did not complete in time: no bytes for the stall timeout, or not all of
+    /// them within the request's deadline.
+    #[error(
+        "registry {registry}: {what}: {why} (see --registry-timeout, --registry-stall-timeout)"
+    )]
+    Timeout {
+        registry: String,
+        what: String,
+        why: String,
+    },
     /// A registry could not be reached, or a transfer broke off.
     #[error("registry {registry}: {what}: {source}")]
     Transport {

@@ -22,6 +22,14 @@
 //! cache as it is), closes it, and reopens the database read-only for the build's lookups (any number of
 //! builders at once; all table files are opened at once, so a writer's compactions cannot pull one away).
 //!
+//! **A damaged cache heals.** A cache is only a copy of the store's segments, so one that RocksDB cannot
+//! open, sync or read (a flipped byte in a table file, a truncated log) is moved aside
+//! (`<db>.damaged`, replacing an earlier one) and rebuilt from the store's segments by the same sync, with
+//! one warning. A lookup that fails during a build marks the cache damaged ([`IndexCache::mark_damaged`]:
+//! the file `<db>.damaged-mark`), and the next build's sync rebuilds it. Another process holding the
+//! database (RocksDB's `LOCK`) is told apart from damage by RocksDB's own message, so a damaged cache is
+//! never mistaken for a busy one and waited on.
+//!
 //! Why RocksDB, linked from Debian's `librocksdb-dev` (see `.cargo/config.toml`): lookups stay flat to
 //! 10 M chunks (BENCHMARKS.md), updates are incremental and crash-safe, and it costs about a minute of
 //! build (bindgen) instead of the 35 minutes compiling its C++ takes here.
@@ -167,10 +175,10 @@ impl IndexCache {
         loop {
             match DB::open(&options(), path) {
                 Ok(db) => return Ok(Some(Self::with_db(db, path))),
-                Err(e) if e.to_string().contains("lock") && start.elapsed() < wait => {
+                Err(e) if held_by_another(&e) && start.elapsed() < wait => {
                     std::thread::sleep(Duration::from_millis(200));
                 }
-                Err(e) if e.to_string().contains("lock") => return Ok(None),
+                Err(e) if held_by_another(&e) => return Ok(None),
                 Err(e) => return Err(Self::err(path, e)),
             }
         }
@@ -193,12 +201,39 @@ impl IndexCache {
         }
     }
 
-    /// Syncs the cache of `store` under `dir` with the store, then opens it read-only for lookups.
+    /// Syncs the cache of `store` under `dir` with the store, then opens it read-only for lookups. A
+    /// damaged cache is moved aside and rebuilt (see the module documentation).
     pub fn sync_and_open(
         store: &Store,
         dir: &Path,
     ) -> Result<(IndexCache, SyncReport), IndexError> {
         let path = store_dir(dir, store);
+        let mark = damage_mark(&path);
+        let damage = match std::fs::read_to_string(&mark) {
+            Ok(why) => Err(Self::err(&path, format!("a lookup failed earlier: {why}"))),
+            Err(_) => Self::sync_and_open_at(store, &path),
+        };
+        match damage {
+            Err(e @ IndexError::Cache { .. }) => {
+                let aside = path.with_extension("damaged");
+                let _ = std::fs::remove_dir_all(&aside);
+                if path.exists() {
+                    std::fs::rename(&path, &aside).map_err(|e| Self::err(&path, e))?;
+                }
+                let _ = std::fs::remove_file(&mark);
+                tracing::warn!(error = %e, aside = %aside.display(),
+                    "the index cache is damaged: moved it aside, rebuilding it from the store's index segments");
+                Self::sync_and_open_at(store, &path)
+            }
+            other => other,
+        }
+    }
+
+    fn sync_and_open_at(
+        store: &Store,
+        path: &Path,
+    ) -> Result<(IndexCache, SyncReport), IndexError> {
+        let path = path.to_path_buf();
         let report = match IndexCache::open_rw(&path, LOCK_WAIT)? {
             Some(rw) => rw.sync(store)?,
             None => {
@@ -351,4 +386,26 @@ impl IndexCache {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Marks the cache damaged (a lookup failed): the next [`IndexCache::sync_and_open`] moves it aside
+    /// and rebuilds it. Best effort.
+    pub fn mark_damaged(&self, why: &str) {
+        let mark = damage_mark(&self.path);
+        if let Err(e) = std::fs::write(&mark, why) {
+            tracing::warn!(mark = %mark.display(), error = %e, "could not mark the index cache damaged");
+        }
+    }
+}
+
+/// The file that marks the cache at `path` damaged.
+fn damage_mark(path: &Path) -> PathBuf {
+    path.with_extension("damaged-mark")
+}
+
+/// True when RocksDB refused to open a database because another process holds its `LOCK` (its message
+/// is `IO error: While lock file: <db>/LOCK: Resource temporarily unavailable`). Anything else — a
+/// corrupt table file ("block checksum mismatch", which contains "lock" too) — is damage.
+fn held_by_another(e: &rocksdb::Error) -> bool {
+    let m = e.to_string();
+    m.contains("While lock file") || m.contains("lock hold by current process")
 }

@@ -7,6 +7,11 @@
 //! the URL, instead of retrying for minutes. A range read's deadline is one `tokio` timeout around the
 //! whole read — connection, request, first byte, body, and the client's own retries — so it holds whatever
 //! the server does (measured against a server that accepts and never answers: `Timeout` at the deadline).
+//! Every other operation has a deadline too ([`ObjectStoreBackend::with_deadline`], default
+//! [`super::DEFAULT_STORE_TIMEOUT`]), applied the same way: a whole-object read or write, a `head`, a
+//! delete, one page of a listing, and each part of a multipart upload (a blob upload as a whole may take
+//! longer; it fails when one part stalls). Past it the call fails with [`StoreError::Timeout`], so that
+//! no command waits on a store that accepts and never answers for longer than that.
 //!
 //! A local directory has no conditional put in `object_store`: create-only uses its no-clobber link,
 //! if-match compares versions and writes while holding an exclusive `flock` of the directory.
@@ -40,6 +45,8 @@ pub struct ObjectStoreBackend {
     /// The root of a local directory, which has no conditional put of its own: if-match is
     /// read-compare-write under an exclusive `flock` of this directory.
     local: Option<std::path::PathBuf>,
+    /// Deadline of every call but a range read (which brings its own).
+    deadline: Duration,
 }
 
 fn s3_err(url: &str, key: &str, e: object_store::Error) -> StoreError {
@@ -91,6 +98,7 @@ impl ObjectStoreBackend {
             rt: Self::runtime()?,
             url: format!("file://{}", root.display()),
             local: Some(root.to_path_buf()),
+            deadline: super::DEFAULT_STORE_TIMEOUT,
         })
     }
 
@@ -142,7 +150,34 @@ impl ObjectStoreBackend {
             rt: Self::runtime()?,
             url,
             local: None,
+            deadline: super::DEFAULT_STORE_TIMEOUT,
         })
+    }
+
+    /// The same backend with `deadline` for every call but a range read (see the module documentation).
+    pub fn with_deadline(mut self, deadline: Duration) -> ObjectStoreBackend {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Runs `f` to completion within the backend's deadline.
+    fn within<T>(
+        &self,
+        key: &str,
+        f: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.rt.block_on(self.step(key, f))
+    }
+
+    /// `f` within the backend's deadline, inside the runtime.
+    async fn step<T>(
+        &self,
+        key: &str,
+        f: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.deadline, f)
+            .await
+            .map_err(|_| timeout(&self.url, key, self.deadline))?
     }
 
     fn err(&self, key: &str, e: object_store::Error) -> StoreError {
@@ -281,7 +316,7 @@ impl ObjectStoreBackend {
         let _lock = tagfile::flock(dir, root)?;
         match self.head(key)? {
             Some(m) if m.version == *prev => {
-                self.rt.block_on(self.put_async(key, data, Mode::Overwrite))
+                self.within(key, self.put_async(key, data, Mode::Overwrite))
             }
             _ => Err(StoreError::Precondition(key.to_string())),
         }
@@ -295,7 +330,7 @@ impl StoreBackend for ObjectStoreBackend {
 
     fn get(&self, key: &str) -> Result<(Bytes, Version), StoreError> {
         let p = Path::from(key);
-        self.rt.block_on(async {
+        self.within(key, async {
             let r = self.store.get(&p).await.map_err(|e| self.err(key, e))?;
             let v = Version {
                 e_tag: r.meta.e_tag.clone(),
@@ -343,17 +378,18 @@ impl StoreBackend for ObjectStoreBackend {
     }
 
     fn head(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError> {
-        self.rt.block_on(self.head_async(key))
+        self.within(key, self.head_async(key))
     }
 
     fn put(&self, key: &str, data: Bytes, mode: Mode) -> Result<Version, StoreError> {
         match (&self.local, &mode) {
             (Some(root), Mode::IfMatch(prev)) => self.put_if_match_local(root, key, data, prev),
-            _ => self.rt.block_on(self.put_async(key, data, mode)),
+            _ => self.within(key, self.put_async(key, data, mode)),
         }
     }
 
-    /// Multipart and streaming: the file is never in memory as a whole.
+    /// Multipart and streaming: the file is never in memory as a whole. Each step (starting the upload,
+    /// waiting for room to send a part, finishing) has the backend's deadline.
     fn put_file(&self, key: &str, file: &FsPath) -> Result<(), StoreError> {
         let p = Path::from(key);
         self.rt.block_on(async {
@@ -361,10 +397,13 @@ impl StoreBackend for ObjectStoreBackend {
                 .await
                 .map_err(|e| StoreError::io(file, e))?;
             let upload = self
-                .store
-                .put_multipart(&p)
-                .await
-                .map_err(|e| self.err(key, e))?;
+                .step(key, async {
+                    self.store
+                        .put_multipart(&p)
+                        .await
+                        .map_err(|e| self.err(key, e))
+                })
+                .await?;
             let mut w = WriteMultipart::new_with_chunk_size(upload, 16 << 20);
             let mut buf = vec![0u8; 4 << 20];
             loop {
@@ -375,20 +414,28 @@ impl StoreBackend for ObjectStoreBackend {
                 if n == 0 {
                     break;
                 }
-                w.wait_for_capacity(4).await.map_err(|e| self.err(key, e))?;
+                self.step(key, async {
+                    w.wait_for_capacity(4).await.map_err(|e| self.err(key, e))
+                })
+                .await?;
                 w.write(&buf[..n]);
             }
-            w.finish().await.map(|_| ()).map_err(|e| self.err(key, e))
+            self.step(key, async {
+                w.finish().await.map(|_| ()).map_err(|e| self.err(key, e))
+            })
+            .await
         })
     }
 
+    /// The deadline holds for each object listed (so for each page a server sends), not for the whole
+    /// listing of a large store.
     fn list_info(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
         let prefix = prefix.trim_matches('/');
         let p = Path::from(prefix);
         self.rt.block_on(async {
             let mut out = Vec::new();
             let mut s = self.store.list((!prefix.is_empty()).then_some(&p));
-            while let Some(item) = s.next().await {
+            while let Some(item) = self.step(prefix, async { Ok(s.next().await) }).await? {
                 out.push(meta(item.map_err(|e| self.err(prefix, e))?));
             }
             out.sort_by(|a, b| a.key.cmp(&b.key));
@@ -398,7 +445,7 @@ impl StoreBackend for ObjectStoreBackend {
 
     fn delete(&self, key: &str) -> Result<(), StoreError> {
         let p = Path::from(key);
-        self.rt.block_on(async {
+        self.within(key, async {
             match self.store.delete(&p).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
                 Err(e) => Err(self.err(key, e)),

@@ -286,3 +286,49 @@ pub fn file_upload(b: &dyn StoreBackend) {
     r.unwrap_or_else(|e| panic!("{}: put_file: {e}", b.url()));
     assert_eq!(get(b, &k), data, "{}", b.url());
 }
+
+/// Every operation of a backend whose server accepts connections and never answers (or stops
+/// mid-answer) fails with [`StoreError::Timeout`] within `deadline` (the backend's own, for all but range
+/// reads) and a little: no call waits on a silent store for longer. `spool` is a scratch file to upload.
+pub fn silent(b: &dyn StoreBackend, deadline: Duration, spool: &std::path::Path) {
+    let slack = Duration::from_millis(1500);
+    let timed = |what: &str, f: &dyn Fn() -> Result<(), StoreError>| {
+        let t = std::time::Instant::now();
+        let r = f();
+        let took = t.elapsed();
+        assert!(
+            matches!(r, Err(StoreError::Timeout { .. })),
+            "{} {what}: expected a timeout, got {r:?}",
+            b.url()
+        );
+        assert!(
+            took < deadline + slack,
+            "{} {what}: failed after {took:?} with a deadline of {deadline:?}",
+            b.url()
+        );
+    };
+    let k = key("silent");
+    let data = Bytes::from_static(b"never stored");
+    std::fs::write(spool, vec![7u8; 1 << 20]).expect("write the spool file");
+    timed("get", &|| b.get(&k).map(|_| ()));
+    timed("head", &|| b.head(&k).map(|_| ()));
+    timed("put", &|| {
+        b.put(&k, data.clone(), PutMode::Overwrite).map(|_| ())
+    });
+    timed("put (create)", &|| {
+        b.put(&k, data.clone(), PutMode::Create).map(|_| ())
+    });
+    timed("put (if-match)", &|| {
+        let v = Version {
+            e_tag: Some("\"e\"".into()),
+            version: None,
+        };
+        b.put(&k, data.clone(), PutMode::IfMatch(v)).map(|_| ())
+    });
+    timed("put_file", &|| b.put_file(&k, spool));
+    timed("list", &|| b.list("conformance").map(|_| ()));
+    timed("delete", &|| b.delete(&k));
+    timed("get_range", &|| {
+        b.get_range(&k, 0..10, deadline).map(|_| ())
+    });
+}

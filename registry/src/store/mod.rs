@@ -13,7 +13,8 @@
 //!                        plans/by-layer/<hex> a layer's
 //! oci/<sha256>           import records: the layer made from an OCI layer, by its chain ID
 //! gc/condemned/<key>     garbage collection's marks on unreferenced objects it will delete later
-//! tmp/                   a local store's spool for blobs being written
+//! tmp/                   a local store's spool for blobs being written (leftovers of writers that died
+//!                        are removed by gc and imports: [`spool`])
 //! ```
 //!
 //! `<hex>` is the BLAKE3 digest of the object's bytes. [`Store::open`] picks the backend from the URL:
@@ -36,6 +37,7 @@ pub mod fault;
 mod frames;
 pub mod memory;
 pub mod object;
+pub mod spool;
 mod tagfile;
 mod tags;
 
@@ -53,9 +55,30 @@ pub use backend::ObjectStoreBackend;
 pub use fault::{Fault, FaultId, FaultKind, FaultyStore, Op};
 pub use memory::MemoryStore;
 pub use object::{ObjectMeta, PutMode, StoreBackend, Version};
+pub use spool::{SpoolReport, SPOOL_GRACE};
 
 /// The embedded default store.
 pub const DEFAULT_STORE: &str = "file:///var/lib/strata/store";
+
+/// Default deadline of a store operation other than a range read (whole-object reads and writes, `head`,
+/// deletes, a page of a listing, a part of an upload): past it the operation fails with
+/// [`StoreError::Timeout`].
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How to open a store.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// Deadline of every operation but a range read ([`DEFAULT_STORE_TIMEOUT`]).
+    pub timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> StoreOptions {
+        StoreOptions {
+            timeout: DEFAULT_STORE_TIMEOUT,
+        }
+    }
+}
 
 /// Errors of a store.
 #[derive(Debug, thiserror::Error)]
@@ -192,6 +215,11 @@ impl Store {
     /// Opens a store that must already exist: a `file://` store whose directory is missing is
     /// [`StoreError::NoStore`] and nothing is created (commands that only read use this).
     pub fn open_existing(url: &str) -> Result<Store, StoreError> {
+        Store::open_existing_with(url, &StoreOptions::default())
+    }
+
+    /// [`Store::open_existing`] with options.
+    pub fn open_existing_with(url: &str, opts: &StoreOptions) -> Result<Store, StoreError> {
         if let Some(path) = url
             .strip_prefix("file://")
             .or(url.starts_with('/').then_some(url))
@@ -204,12 +232,17 @@ impl Store {
                 });
             }
         }
-        Store::open(url)
+        Store::open_with(url, opts)
     }
 
     /// Opens the store at `url` (`file:///path` or `s3://bucket/prefix`), creating a local store's
     /// directory.
     pub fn open(url: &str) -> Result<Store, StoreError> {
+        Store::open_with(url, &StoreOptions::default())
+    }
+
+    /// [`Store::open`] with options.
+    pub fn open_with(url: &str, opts: &StoreOptions) -> Result<Store, StoreError> {
         let bad = |why: &str| StoreError::BadUrl {
             url: url.to_string(),
             why: why.to_string(),
@@ -221,7 +254,8 @@ impl Store {
                 ));
             }
             let root = PathBuf::from(path);
-            let backend: Arc<dyn StoreBackend> = Arc::new(ObjectStoreBackend::local(&root)?);
+            let backend: Arc<dyn StoreBackend> =
+                Arc::new(ObjectStoreBackend::local(&root)?.with_deadline(opts.timeout));
             (backend, Some(root))
         } else if let Some(rest) = url.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
@@ -231,14 +265,13 @@ impl Store {
             let endpoint = std::env::var("AWS_ENDPOINT_URL")
                 .or_else(|_| std::env::var("AWS_ENDPOINT"))
                 .ok();
-            let backend: Arc<dyn StoreBackend> = Arc::new(ObjectStoreBackend::s3(
-                bucket,
-                prefix.trim_matches('/'),
-                endpoint.as_deref(),
-            )?);
+            let backend: Arc<dyn StoreBackend> = Arc::new(
+                ObjectStoreBackend::s3(bucket, prefix.trim_matches('/'), endpoint.as_deref())?
+                    .with_deadline(opts.timeout),
+            );
             (backend, None)
         } else if url.starts_with('/') {
-            return Store::open(&format!("file://{url}"));
+            return Store::open_with(&format!("file://{url}"), opts);
         } else {
             return Err(bad("expected file:///path or s3://bucket/prefix"));
         };

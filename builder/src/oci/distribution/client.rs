@@ -3,7 +3,14 @@
 //! Requests go through `reqwest` (already in the tree for the S3 store), driven by a small tokio runtime
 //! of the client's own; callers are synchronous. A blob's body is handed out as a [`Read`]er that pulls
 //! one chunk of the response at a time ([`BodyReader`]), so a layer is never held in memory whole.
-//! Every read waits at most [`READ_TIMEOUT`] for the next bytes; connecting at most [`CONNECT_TIMEOUT`].
+//!
+//! **Limits.** A hostile or broken registry must not hold an import forever or fill the disk: connecting
+//! waits at most [`CONNECT_TIMEOUT`]; every wait for the next bytes of an answer (its headers, each piece
+//! of its body) at most the stall timeout ([`STALL_TIMEOUT`]); and a request as a whole — sending it,
+//! the answer's headers, the whole body — has a deadline ([`REQUEST_TIMEOUT`]), which a registry that
+//! trickles a byte now and then cannot evade. Both are [`PullOptions`]. A blob's body is read to the size
+//! its descriptor declares and no further: one byte more is a size mismatch, whatever `Content-Length`
+//! said (or did not say). Timeouts are [`OciError::Timeout`].
 //!
 //! **Authentication.** The first request is `GET /v2/` (the API's ping). If it answers `401`, its
 //! `WWW-Authenticate` challenge says how to authenticate ([`Challenge`]): Basic with the credentials, or
@@ -16,7 +23,7 @@
 
 use std::io::{self, Read};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
@@ -28,8 +35,10 @@ use crate::oci::OciError;
 
 /// Longest wait to connect to a registry or token server.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Longest wait for the next bytes of a response.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default longest wait for the next bytes of a response.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default deadline of one request, body included (a 10 GB layer at 10 MB/s takes 17 minutes).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Most bytes of an error response kept for the message.
 const ERROR_BODY_LIMIT: usize = 4096;
 
@@ -43,6 +52,24 @@ pub struct Client {
     pub repository: String,
     creds: Option<Credentials>,
     authorization: Mutex<Option<String>>,
+    /// Deadline of a request, body included.
+    timeout: Duration,
+    /// Longest wait for the next bytes.
+    stall: Duration,
+}
+
+/// When a request must be complete (kept in its response's extensions for the body's reader).
+#[derive(Clone, Copy)]
+struct Deadline(Instant);
+
+/// Why reading an answer stopped, carried inside the `io::Error` a [`BodyReader`] returns (see
+/// [`from_io`]).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("{what}: the body is longer than the {limit} bytes its descriptor declares")]
+    TooLong { what: String, limit: u64, got: u64 },
+    #[error("{what}: {why}")]
+    Timeout { what: String, why: String },
 }
 
 impl std::fmt::Debug for Client {
@@ -74,7 +101,7 @@ impl Client {
             .map_err(|e| OciError::io("tokio runtime", e))?;
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
-            .read_timeout(READ_TIMEOUT)
+            .read_timeout(opts.stall_timeout)
             .user_agent(concat!("strata/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| transport(&r.registry, "building the HTTP client", e))?;
@@ -94,6 +121,8 @@ impl Client {
             repository: r.repository.clone(),
             creds,
             authorization: Mutex::new(None),
+            timeout: opts.timeout,
+            stall: opts.stall_timeout,
         };
         let schemes: &[&str] = if opts.plain_http {
             &["http"]
@@ -134,10 +163,7 @@ impl Client {
             if let Some(a) = auth {
                 req = req.header(AUTHORIZATION, a);
             }
-            let resp = self
-                .rt
-                .block_on(async { req.send().await })
-                .map_err(|e| transport(&self.registry, what, e))?;
+            let resp = self.send(what, req)?;
             if resp.status() == StatusCode::UNAUTHORIZED && !retried {
                 retried = true;
                 let challenge = resp
@@ -155,6 +181,24 @@ impl Client {
             }
             return Ok(resp);
         }
+    }
+
+    /// Sends a request and waits for the answer's headers, within the stall timeout and the request's
+    /// deadline (which then holds for the body too: [`Client::reader`]).
+    fn send(&self, what: &str, req: reqwest::RequestBuilder) -> Result<Response, OciError> {
+        let deadline = Deadline(Instant::now() + self.timeout);
+        let wait = self.stall.min(self.timeout);
+        let mut resp = self
+            .rt
+            .block_on(async { tokio::time::timeout(wait, req.send()).await })
+            .map_err(|_| OciError::Timeout {
+                registry: self.registry.clone(),
+                what: what.to_string(),
+                why: format!("no answer within {wait:?}"),
+            })?
+            .map_err(|e| transport(&self.registry, what, e))?;
+        resp.extensions_mut().insert(deadline);
+        Ok(resp)
     }
 
     /// Sets the `Authorization` header the challenge asks for.
@@ -225,10 +269,7 @@ impl Client {
         if let Some(c) = &self.creds {
             req = c.apply(req);
         }
-        let resp = self
-            .rt
-            .block_on(async { req.send().await })
-            .map_err(|e| transport(&self.registry, &what, e))?;
+        let resp = self.send(&what, req)?;
         if !resp.status().is_success() {
             return Err(self.status_error(&what, resp));
         }
@@ -301,7 +342,7 @@ impl Client {
         (&mut r)
             .take(limit as u64 + 1)
             .read_to_end(&mut out)
-            .map_err(|e| OciError::io(format!("registry {}: {what}", self.registry), e))?;
+            .map_err(|e| from_io(format!("registry {}: {what}", self.registry), e))?;
         if out.len() > limit {
             return Err(OciError::Malformed(format!(
                 "registry {}: {what} is over {limit} bytes",
@@ -311,14 +352,50 @@ impl Client {
         Ok(out)
     }
 
-    /// The body of `resp` as a reader that fetches one chunk at a time.
+    /// The body of `resp` as a reader that fetches one chunk at a time, within the stall timeout and
+    /// the request's deadline.
     pub fn reader(&self, what: &str, resp: Response) -> BodyReader {
+        let deadline = resp
+            .extensions()
+            .get::<Deadline>()
+            .map_or_else(|| Instant::now() + self.timeout, |d| d.0);
         BodyReader {
             rt: self.rt.clone(),
             resp,
             buf: Bytes::new(),
             what: format!("registry {}: {what}", self.registry),
+            limit: None,
+            got: 0,
+            deadline,
+            timeout: self.timeout,
+            stall: self.stall,
+            failed: None,
         }
+    }
+}
+
+/// The error of a failed read of a registry's answer: a [`BodyError`] inside `e` becomes the
+/// [`OciError`] it stands for (a body too long is a size mismatch, exit 5; a timeout, [`OciError::Timeout`]),
+/// anything else an I/O error at `path`.
+pub fn from_io(path: impl std::fmt::Display, e: io::Error) -> OciError {
+    match e.get_ref().and_then(|i| i.downcast_ref::<BodyError>()) {
+        Some(BodyError::TooLong { what, limit, got }) => OciError::SizeMismatch {
+            what: format!("{what} (cut off past its declared size)"),
+            expected: *limit,
+            actual: *got,
+        },
+        Some(BodyError::Timeout { what, why }) => {
+            let (registry, what) = what
+                .strip_prefix("registry ")
+                .and_then(|w| w.split_once(": "))
+                .unwrap_or(("", what));
+            OciError::Timeout {
+                registry: registry.to_string(),
+                what: what.to_string(),
+                why: why.clone(),
+            }
+        }
+        None => OciError::io(path, e),
     }
 }
 
@@ -338,21 +415,80 @@ fn transport(registry: &str, what: &str, e: reqwest::Error) -> OciError {
     }
 }
 
-/// A response body read one network chunk at a time.
+/// A response body read one network chunk at a time, within limits (see the module documentation).
 pub struct BodyReader {
     rt: Arc<tokio::runtime::Runtime>,
     resp: Response,
     buf: Bytes,
     what: String,
+    /// Most bytes the body may have (a blob's declared size).
+    pub limit: Option<u64>,
+    got: u64,
+    deadline: Instant,
+    timeout: Duration,
+    stall: Duration,
+    /// The first failure, returned again by every later read.
+    failed: Option<BodyError>,
+}
+
+impl BodyReader {
+    fn fail(&mut self, e: BodyError) -> io::Error {
+        self.failed = Some(e.clone());
+        let kind = match e {
+            BodyError::TooLong { .. } => io::ErrorKind::InvalidData,
+            BodyError::Timeout { .. } => io::ErrorKind::TimedOut,
+        };
+        io::Error::new(kind, e)
+    }
+
+    /// The next piece of the body (`None` at its end), within the stall timeout and the deadline.
+    fn next_piece(&mut self) -> io::Result<Option<Bytes>> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let wait = self.stall.min(left);
+        let (rt, resp) = (&self.rt, &mut self.resp);
+        let piece = match rt.block_on(async { tokio::time::timeout(wait, resp.chunk()).await }) {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => return Err(io::Error::other(format!("{}: {e}", self.what))),
+            Err(_) => {
+                let why = match wait < self.stall {
+                    true => format!(
+                        "not complete within the request's deadline of {:?} ({} bytes read)",
+                        self.timeout, self.got
+                    ),
+                    false => format!("no bytes for {:?}", self.stall),
+                };
+                let e = BodyError::Timeout {
+                    what: self.what.clone(),
+                    why,
+                };
+                return Err(self.fail(e));
+            }
+        };
+        if let (Some(p), Some(limit)) = (&piece, self.limit) {
+            if self.got + p.len() as u64 > limit {
+                let e = BodyError::TooLong {
+                    what: self.what.clone(),
+                    limit,
+                    got: self.got + p.len() as u64,
+                };
+                return Err(self.fail(e));
+            }
+        }
+        self.got += piece.as_ref().map_or(0, |p| p.len() as u64);
+        Ok(piece)
+    }
 }
 
 impl Read for BodyReader {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if let Some(e) = &self.failed {
+            let e = e.clone();
+            return Err(self.fail(e));
+        }
         while self.buf.is_empty() {
-            match self.rt.block_on(async { self.resp.chunk().await }) {
-                Ok(Some(b)) => self.buf = b,
-                Ok(None) => return Ok(0),
-                Err(e) => return Err(io::Error::other(format!("{}: {e}", self.what))),
+            match self.next_piece()? {
+                Some(b) => self.buf = b,
+                None => return Ok(0),
             }
         }
         let n = out.len().min(self.buf.len());

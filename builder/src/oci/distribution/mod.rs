@@ -157,12 +157,27 @@ fn is_docker_hub(registry: &str) -> bool {
 }
 
 /// How to reach a registry.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct PullOptions {
     /// Plain HTTP for any host (loopback registries may use it anyway).
     pub plain_http: bool,
     /// Credentials; without them, the environment and auth files are looked up ([`auth`]).
     pub credentials: Option<Credentials>,
+    /// Deadline of one request, its whole body included ([`client::REQUEST_TIMEOUT`]).
+    pub timeout: std::time::Duration,
+    /// Longest wait for the next bytes of an answer ([`client::STALL_TIMEOUT`]).
+    pub stall_timeout: std::time::Duration,
+}
+
+impl Default for PullOptions {
+    fn default() -> PullOptions {
+        PullOptions {
+            plain_http: false,
+            credentials: None,
+            timeout: client::REQUEST_TIMEOUT,
+            stall_timeout: client::STALL_TIMEOUT,
+        }
+    }
 }
 
 /// A layer blob in a registry.
@@ -186,7 +201,8 @@ impl RemoteBlob {
         )
     }
 
-    /// Starts the download; the size the registry announces is checked against `expected`.
+    /// Starts the download; the size the registry announces is checked against `expected`, and the body
+    /// is cut off (an error) at the first byte past it.
     pub(super) fn open(
         &self,
         what: &str,
@@ -206,7 +222,9 @@ impl RemoteBlob {
                 });
             }
         }
-        Ok(Box::new(self.client.reader(&what, resp)))
+        let mut r = self.client.reader(&what, resp);
+        r.limit = expected;
+        Ok(Box::new(r))
     }
 }
 
