@@ -138,6 +138,10 @@ fn erofs_mount_fd(meta: &Path, devices: &[PathBuf], directio: bool) -> Result<Ow
     let meta = absolute(meta);
     let fs_fd = fsopen("erofs", FsOpenFlags::FSOPEN_CLOEXEC)
         .map_err(|e| fail("fsopen erofs", &meta, e, None))?;
+    // A read-only superblock: opens its block devices read-only, as read-only loop devices need
+    // (opened for writing, they refuse with EACCES).
+    rustix::mount::fsconfig_set_flag(fs_fd.as_fd(), "ro")
+        .map_err(|e| fail("fsconfig ro", &meta, e, Some(&fs_fd)))?;
     fsconfig_set_string(fs_fd.as_fd(), "source", &meta)
         .map_err(|e| fail("fsconfig source", &meta, e, Some(&fs_fd)))?;
     for dev in devices {
