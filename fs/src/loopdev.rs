@@ -190,7 +190,12 @@ pub fn attach(backing: &Path, direct_io: bool) -> io::Result<LoopDev> {
         // SAFETY: LOOP_CONFIGURE reads one `struct loop_config`, which the setter points at.
         let set = unsafe { ioctl::Setter::<LOOP_CONFIGURE, LoopConfig>::new(config) };
         match unsafe { ioctl::ioctl(dev.as_fd(), set) } {
-            Ok(()) => return Ok(LoopDev { number: n, file: dev }),
+            Ok(()) => {
+                return Ok(LoopDev {
+                    number: n,
+                    file: dev,
+                })
+            }
             // Taken by someone else between GET_FREE and CONFIGURE: ask again.
             Err(rustix::io::Errno::BUSY) => last = io::Error::from(rustix::io::Errno::BUSY),
             Err(e) => return Err(e.into()),

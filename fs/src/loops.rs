@@ -111,7 +111,10 @@ impl Daemon {
                     })
                 };
                 let source = dev(meta)?;
-                let devices = blobs.iter().map(|b| dev(b)).collect::<Result<Vec<_>, _>>()?;
+                let devices = blobs
+                    .iter()
+                    .map(|b| dev(b))
+                    .collect::<Result<Vec<_>, _>>()?;
                 let paths: Vec<PathBuf> = devices.iter().map(LoopDev::path).collect();
                 // EROFS's `directio` is for file-backed mounts; the devices do their own.
                 mount::mount_erofs_with(&source.path(), &paths, target, false)?;

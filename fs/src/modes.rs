@@ -229,7 +229,10 @@ impl ModeReport {
     /// The report for people, one line each.
     pub fn lines(&self) -> Vec<String> {
         let c = &self.capabilities;
-        let show = |l: &Lack| l.as_deref().map_or("ok".to_string(), |r| format!("no: {r}"));
+        let show = |l: &Lack| {
+            l.as_deref()
+                .map_or("ok".to_string(), |r| format!("no: {r}"))
+        };
         let mut out = vec![
             format!("kernel        {}", c.kernel),
             format!("fuse          {}", show(&c.fuse)),
@@ -281,7 +284,10 @@ pub fn probe(dir: &Path) -> Capabilities {
     }
     let image = dir.join(format!(".mode-probe-{}.erofs", std::process::id()));
     if let Err(e) = std::fs::write(&image, probe_image()) {
-        let lack = Some(format!("cannot write the probe image {}: {e}", image.display()));
+        let lack = Some(format!(
+            "cannot write the probe image {}: {e}",
+            image.display()
+        ));
         caps.file_backed = lack.clone();
         caps.loop_devices = lack;
         return caps;
@@ -300,8 +306,10 @@ fn probe_fuse() -> Lack {
     {
         return Some(format!("/dev/fuse: {e}"));
     }
-    let listed = std::fs::read_to_string("/proc/filesystems")
-        .is_ok_and(|t| t.lines().any(|l| l.split_whitespace().last() == Some("fuse")));
+    let listed = std::fs::read_to_string("/proc/filesystems").is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split_whitespace().last() == Some("fuse"))
+    });
     (!listed).then(|| "fuse is not in /proc/filesystems (CONFIG_FUSE_FS)".to_string())
 }
 
@@ -366,7 +374,7 @@ pub fn probe_image() -> Vec<u8> {
     put(sb + 88, &9u16.to_le_bytes()); // device table at 9 * 128 = 1152
     put(1152, b"strata-mode-probe");
     put(1152 + 64, &1u32.to_le_bytes()); // the device's blocks
-    // The root: a compact inode, data inline (FLAT_INLINE = 2 << 1), "." and ".." only.
+                                         // The root: a compact inode, data inline (FLAT_INLINE = 2 << 1), "." and ".." only.
     let root = usize::from(PROBE_ROOT_NID) * 32;
     let names = b"...";
     let dirents = 2 * 12;
@@ -421,11 +429,17 @@ mod tests {
         assert_eq!(modes(&r), MountMode::BEST_FIRST);
         assert!(r.passed_over[2].reason.contains("not built yet"));
         let e = r.usable().unwrap_err().to_string();
-        assert!(e.contains("file: ENOTBLK") && e.contains("loop: no /dev/loop-control"), "{e}");
+        assert!(
+            e.contains("file: ENOTBLK") && e.contains("loop: no /dev/loop-control"),
+            "{e}"
+        );
         // No FUSE: nothing at all works, and every mode says so.
         let r = decide(&caps(true, true, false), ModeRequest::Auto);
         assert_eq!(r.mode, None);
-        assert!(r.passed_over.iter().all(|p| p.reason.contains("needs FUSE")));
+        assert!(r
+            .passed_over
+            .iter()
+            .all(|p| p.reason.contains("needs FUSE")));
     }
 
     #[test]
@@ -436,26 +450,39 @@ mod tests {
         let r = decide(&caps(false, true, true), ModeRequest::File);
         assert_eq!(r.mode, None);
         let e = r.usable().unwrap_err().to_string();
-        assert!(e.starts_with("mount mode file does not work") && e.contains("ENOTBLK"), "{e}");
+        assert!(
+            e.starts_with("mount mode file does not work") && e.contains("ENOTBLK"),
+            "{e}"
+        );
         // Forcing the mode not built yet is refused cleanly, whatever else works.
         let r = decide(&caps(true, true, true), ModeRequest::Fuse);
         assert_eq!(r.mode, None);
         let e = r.usable().unwrap_err().to_string();
-        assert!(e.contains("mount mode fuse") && e.contains("not built yet"), "{e}");
+        assert!(
+            e.contains("mount mode fuse") && e.contains("not built yet"),
+            "{e}"
+        );
     }
 
     #[test]
     fn requests_parse_from_their_names() {
         assert_eq!("auto".parse::<ModeRequest>().unwrap(), ModeRequest::Auto);
         assert_eq!("loop".parse::<ModeRequest>().unwrap(), ModeRequest::Loop);
-        assert!("block".parse::<ModeRequest>().unwrap_err().to_string().contains("block"));
+        assert!("block"
+            .parse::<ModeRequest>()
+            .unwrap_err()
+            .to_string()
+            .contains("block"));
     }
 
     #[test]
     fn the_probe_image_is_one_block_with_one_device_slot() {
         let img = probe_image();
         assert_eq!(img.len(), 4096);
-        assert_eq!(u32::from_le_bytes(img[1024..1028].try_into().unwrap()), EROFS_MAGIC);
+        assert_eq!(
+            u32::from_le_bytes(img[1024..1028].try_into().unwrap()),
+            EROFS_MAGIC
+        );
         assert_eq!(u16::from_le_bytes(img[1110..1112].try_into().unwrap()), 1);
         assert_eq!(&img[1312 + 24..1312 + 27], b"...");
     }

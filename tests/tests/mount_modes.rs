@@ -14,7 +14,14 @@ use strata_tests::*;
 
 fn check(state: &Path, mode: &str) -> (bool, serde_json::Value) {
     let o = Command::new(stratad_bin())
-        .args(["--config", "/dev/null", "--check", "--json", "--mount-mode", mode])
+        .args([
+            "--config",
+            "/dev/null",
+            "--check",
+            "--json",
+            "--mount-mode",
+            mode,
+        ])
         .arg("--state-dir")
         .arg(state)
         .output()
@@ -28,7 +35,10 @@ fn check(state: &Path, mode: &str) -> (bool, serde_json::Value) {
 /// Linux 6.12 or later (file-backed EROFS): `auto` must choose `file` there.
 fn kernel_at_least(major: u32, minor: u32) -> bool {
     let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut it = r.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    let mut it = r
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
     (it.next().unwrap_or(0), it.next().unwrap_or(0)) >= (major, minor)
 }
 
@@ -63,8 +73,14 @@ fn check_reports_the_modes_of_this_kernel_without_starting() {
         .output()
         .expect("stratad --check");
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("mount mode    file (requested auto)"), "{text}");
-    let left: Vec<_> = std::fs::read_dir(state.path()).expect("ls").flatten().collect();
+    assert!(
+        text.contains("mount mode    file (requested auto)"),
+        "{text}"
+    );
+    let left: Vec<_> = std::fs::read_dir(state.path())
+        .expect("ls")
+        .flatten()
+        .collect();
     assert!(left.is_empty(), "probe left {left:?}");
 }
 
@@ -77,8 +93,25 @@ fn image_on(store: &StoreEnv, base: &str, tag: &str, files: &[(&str, Vec<u8>)]) 
         std::fs::write(src.path().join("data").join(name), data).expect("write");
     }
     let dir = src.path().to_str().expect("utf8");
-    let layer = store.ok(&["build", dir, "--kind", "workspace", "--parent", base, "--on", base]);
-    store.ok(&["compose", "--base", base, "--workspace", layer.trim(), "-t", tag]);
+    let layer = store.ok(&[
+        "build",
+        dir,
+        "--kind",
+        "workspace",
+        "--parent",
+        base,
+        "--on",
+        base,
+    ]);
+    store.ok(&[
+        "compose",
+        "--base",
+        base,
+        "--workspace",
+        layer.trim(),
+        "-t",
+        tag,
+    ]);
 }
 
 fn devices(d: &Daemon) -> BTreeSet<PathBuf> {
@@ -93,19 +126,37 @@ fn loop_mode_mounts_reads_shares_devices_and_survives_kill_9() {
     let sdir = scratch("store");
     let store = StoreEnv::local(sdir.path());
     let big = random_bytes(6 << 20, 7);
-    build_image(&store, "lp:v1", &[("big.bin", big.clone()), ("small", b"hi\n".to_vec())]);
-    image_on(&store, "lp:v1", "lp:v2", &[("big.copy", big.clone()), ("more", random_bytes(1 << 20, 8))]);
+    build_image(
+        &store,
+        "lp:v1",
+        &[("big.bin", big.clone()), ("small", b"hi\n".to_vec())],
+    );
+    image_on(
+        &store,
+        "lp:v1",
+        "lp:v2",
+        &[
+            ("big.copy", big.clone()),
+            ("more", random_bytes(1 << 20, 8)),
+        ],
+    );
     let mut d = Daemon::start(&store, &["--mount-mode", "loop", "--cache-size", "1G"]);
     let status = json(&d.ok(&["daemon", "status"]));
     assert_eq!(status["mount_mode"], "loop", "{status}");
     assert_eq!(status["mount_modes"]["passed_over"][0]["mode"], "file");
     let ps = d.ok(&["ps"]);
-    assert!(ps.contains("mount mode: loop (not file: mount_mode is loop)"), "{ps}");
+    assert!(
+        ps.contains("mount mode: loop (not file: mount_mode is loop)"),
+        "{ps}"
+    );
 
     let r1 = PathBuf::from(d.ok(&["mount", "lp:v1", "--sandbox", "a"]));
     let after_one = devices(&d);
     // One device for the layer's metadata, one per blob; every layer mount on one.
-    let layers = json(&d.ok(&["daemon", "status"]))["layers"].as_array().expect("layers").len();
+    let layers = json(&d.ok(&["daemon", "status"]))["layers"]
+        .as_array()
+        .expect("layers")
+        .len();
     assert!(after_one.len() > layers, "{after_one:?}");
     for m in strata_fs::state::mount_points(&d.runtime.join("layers")) {
         let src = mount_source(&m).expect("layer mount source");
@@ -125,7 +176,9 @@ fn loop_mode_mounts_reads_shares_devices_and_survives_kill_9() {
     let files: BTreeSet<&PathBuf> = bound.iter().map(|b| &b.backing).collect();
     assert!(bound.iter().all(|b| b.direct_io), "{bound:?}");
     assert_eq!(files.len(), bound.len(), "a file bound twice: {bound:?}");
-    let blobs = std::fs::read_dir(d.runtime.join("fuse/blobs")).expect("blobs").count();
+    let blobs = std::fs::read_dir(d.runtime.join("fuse/blobs"))
+        .expect("blobs")
+        .count();
     assert_eq!(bound.len(), 2 + blobs, "{bound:?}");
     d.ok(&["umount", "--sandbox", "w"]);
 
@@ -135,7 +188,13 @@ fn loop_mode_mounts_reads_shares_devices_and_survives_kill_9() {
     let stop = Arc::new(AtomicBool::new(false));
     let (reads, bad) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let reader = {
-        let (stop, reads, bad, r, big) = (stop.clone(), reads.clone(), bad.clone(), r2.clone(), big.clone());
+        let (stop, reads, bad, r, big) = (
+            stop.clone(),
+            reads.clone(),
+            bad.clone(),
+            r2.clone(),
+            big.clone(),
+        );
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 match std::fs::read(r.join("data/big.bin")) {
@@ -160,9 +219,16 @@ fn loop_mode_mounts_reads_shares_devices_and_survives_kill_9() {
     stop.store(true, Ordering::Relaxed);
     reader.join().expect("reader");
     assert!(reads.load(Ordering::Relaxed) > 0);
-    assert_eq!(bad.load(Ordering::Relaxed), 0, "reads failed across kill -9");
+    assert_eq!(
+        bad.load(Ordering::Relaxed),
+        0,
+        "reads failed across kill -9"
+    );
     let status = json(&d.ok(&["daemon", "status"]));
-    assert_eq!((status["adopted"].as_bool(), status["mount_mode"].as_str()), (Some(true), Some("loop")));
+    assert_eq!(
+        (status["adopted"].as_bool(), status["mount_mode"].as_str()),
+        (Some(true), Some("loop"))
+    );
     let r3 = PathBuf::from(d.ok(&["mount", "lp:v1", "--sandbox", "c"]));
     assert_eq!(std::fs::read(r3.join("data/big.bin")).expect("read"), big);
     assert_eq!(devices(&d), after_one, "the successor bound new devices");
@@ -171,12 +237,20 @@ fn loop_mode_mounts_reads_shares_devices_and_survives_kill_9() {
     for id in ["a", "b", "c"] {
         d.ok(&["umount", "--sandbox", id]);
     }
-    assert_eq!(d.wait_loops_released(), vec![], "loop devices left after the last umount");
+    assert_eq!(
+        d.wait_loops_released(),
+        vec![],
+        "loop devices left after the last umount"
+    );
     // A stop with sandboxes running leaves neither mounts nor devices.
     d.ok(&["mount", "lp:v1", "--sandbox", "a", "--resume"]);
     assert!(!devices(&d).is_empty());
     assert!(d.stop().is_empty(), "mounts left behind");
-    assert_eq!(d.wait_loops_released(), vec![], "loop devices left after the stop");
+    assert_eq!(
+        d.wait_loops_released(),
+        vec![],
+        "loop devices left after the stop"
+    );
 }
 
 /// The source of the mount at `point` (`/proc/self/mountinfo`, the field after ` - fstype`).
@@ -184,6 +258,7 @@ fn mount_source(point: &Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines().find_map(|l| {
         let (pre, post) = l.split_once(" - ")?;
-        (pre.split(' ').nth(4)? == point.to_str()?).then(|| post.split(' ').nth(1).map(str::to_string))?
+        (pre.split(' ').nth(4)? == point.to_str()?)
+            .then(|| post.split(' ').nth(1).map(str::to_string))?
     })
 }

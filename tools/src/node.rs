@@ -212,7 +212,13 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
         let why: Vec<String> = passed
             .into_iter()
             .flatten()
-            .map(|p| format!("not {}: {}", p["mode"].as_str().unwrap_or("?"), p["reason"].as_str().unwrap_or("")))
+            .map(|p| {
+                format!(
+                    "not {}: {}",
+                    p["mode"].as_str().unwrap_or("?"),
+                    p["reason"].as_str().unwrap_or("")
+                )
+            })
             .collect();
         match why.is_empty() {
             true => println!("mount mode: {mode}"),
