@@ -2,8 +2,9 @@
 //!
 //! Mounting an image resolves tag → manifest → layers. Each layer not yet mounted on the node has its
 //! metadata fetched to local disk (verified), its blobs registered with the FUSE blob server (their
-//! tables of contents fetched and verified), and is mounted as kernel EROFS, file-backed, with one
-//! `device=` per blob file. Layer mounts are reference counted: every sandbox of every image that uses a
+//! tables of contents fetched and verified), and is mounted as kernel EROFS with one `device=` per blob
+//! file — file-backed, or on loop devices of those files on older kernels (the mount mode, probed at
+//! start: [`crate::modes`], [`crate::loops`]). Layer mounts are reference counted: every sandbox of every image that uses a
 //! layer shares one mount (one page-cache copy) and the last sandbox to go releases it. A sandbox is an
 //! overlay of its image's layers (top first) with its own upper and work directories.
 //!
@@ -39,8 +40,10 @@ use crate::cache::ChunkCache;
 use crate::fetch::{BlobHandle, Fetcher};
 use crate::fuse::session::{Options, Session};
 use crate::fuse::Channel;
+use crate::loops::Loops;
 use crate::metadir;
 use crate::metrics::Metrics;
+use crate::modes::{ModeError, ModeReport, ModeRequest, MountMode};
 use crate::mount::{self, MountError};
 use crate::state::{NodeState, StateError};
 use crate::warming::Warming;
@@ -90,6 +93,11 @@ pub struct Config {
     /// Record the chunks read in this many seconds after a sandbox of an image without a prefetch plan
     /// is requested, and store them as its plan (0: never). Needs write access to the store.
     pub record_plans_secs: f64,
+    /// How layers are mounted: `auto` (probe the kernel, take the fastest mode that works) or one mode
+    /// forced (see [`crate::modes`]).
+    pub mount_mode: ModeRequest,
+    /// In `loop` mode, bind loop devices with direct I/O (see [`crate::loops::Loops::new`]).
+    pub loop_direct_io: bool,
 }
 
 impl Default for Config {
@@ -110,6 +118,8 @@ impl Default for Config {
             prefetch_rate: 256 << 20,
             metadata_cache_size: 4 << 30,
             record_plans_secs: 0.0,
+            mount_mode: ModeRequest::Auto,
+            loop_direct_io: true,
         }
     }
 }
@@ -150,6 +160,8 @@ pub enum DaemonError {
     Ino(#[from] InoCollision),
     #[error("{0}")]
     Vm(#[from] crate::vm::VmError),
+    #[error("{0}")]
+    Mode(#[from] ModeError),
     #[error("no sandbox {0}")]
     NoSandbox(String),
     #[error("sandbox {0} already exists")]
@@ -273,6 +285,10 @@ pub struct Daemon {
     pub(crate) warming: Warming,
     /// True when this process took over a connection another one served.
     pub adopted: bool,
+    /// How layers are mounted, and why (probed at start).
+    pub(crate) mode: MountMode,
+    pub mode_report: ModeReport,
+    pub(crate) loops: Loops,
 }
 
 pub(crate) fn valid_id(id: &str) -> bool {
@@ -348,6 +364,10 @@ impl Daemon {
             crate::perms::secure(&config)?;
         }
         let chan = Arc::new(chan);
+        let mode_report = crate::modes::probe_and_decide(&config.state_dir, config.mount_mode);
+        let mode = mode_report.usable()?;
+        tracing::info!(%mode, passed_over = ?mode_report.passed_over,
+            probe_ms = mode_report.probe_ms, "mount mode");
         let opts = strata_registry::store::StoreOptions {
             timeout: Duration::from_secs_f64(config.store_timeout_secs.clamp(0.1, 1e9)),
         };
@@ -379,6 +399,7 @@ impl Daemon {
             (config.record_plans_secs > 0.0)
                 .then(|| Duration::from_secs_f64(config.record_plans_secs.min(86_400.0))),
         );
+        let config_loop_dio = config.loop_direct_io;
         let d = Arc::new(Daemon {
             warming,
             node: NodeState::open(&config.state_dir)?,
@@ -392,6 +413,9 @@ impl Daemon {
             fuse: Mutex::new(None),
             chan,
             adopted,
+            mode,
+            mode_report,
+            loops: Loops::new(config_loop_dio),
         });
         // Every running sandbox's blobs are registered before the first request is read.
         d.restore()?;
@@ -464,7 +488,7 @@ impl Daemon {
             .collect();
         let target = self.config.runtime_dir.join("layers").join(d.hex());
         std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
-        mount::mount_erofs_with(&meta_path, &devices, &target, true)?;
+        self.mount_layer(&meta_path, &devices, &target)?;
         tracing::debug!(layer = %d, fetched_ms = fetched.as_millis() as u64,
             mounted_ms = started.elapsed().as_millis() as u64, "layer mounted");
         self.lock().layers.insert(
@@ -675,6 +699,9 @@ impl Daemon {
             "version": env!("CARGO_PKG_VERSION"),
             "build": option_env!("STRATA_BUILD").unwrap_or(""),
             "adopted": self.adopted,
+            "mount_mode": self.mode,
+            "mount_modes": self.mode_report,
+            "loop_devices": self.loop_devices(),
             "fuse": fuse,
             "running": running,
             "store": self.config.store,

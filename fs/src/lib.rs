@@ -2,7 +2,9 @@
 //!
 //! Kernel mode, as `../shared/DESIGN.md` describes it: the [`daemon`] fetches each layer's metadata to
 //! local disk and mounts it as kernel EROFS ([`mount`]) whose devices are files of the daemon's own FUSE
-//! blob server ([`blobfs`], over strata's own FUSE request loop, [`fuse`]); a read of a blob file is
+//! blob server ([`blobfs`], over strata's own FUSE request loop, [`fuse`]) — on kernels before 6.12 through
+//! loop devices of those files ([`loops`], [`loopdev`]; [`modes`] probes the kernel and picks how); a
+//! read of a blob file is
 //! served from the chunk [`cache`] on a FUSE worker, or, when it must fetch, by the [`fetch`]er on the
 //! blob's own threads ([`slowread`]) under a deadline — verified either way. Each sandbox gets an overlay
 //! of its image's layers ([`sandboxes`]). The node's state ([`state`]) is on disk, so a successor
@@ -18,9 +20,12 @@ pub mod cache;
 pub mod daemon;
 pub mod fetch;
 pub mod fuse;
+pub mod loopdev;
+pub mod loops;
 pub mod metadir;
 pub mod metafile;
 pub mod metrics;
+pub mod modes;
 pub mod mount;
 pub mod perms;
 pub mod process;

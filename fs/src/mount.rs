@@ -1,8 +1,8 @@
 //! Kernel mounts through the new mount API.
 //!
-//! A layer is mounted as kernel EROFS *file-backed*: the metadata image is the `source` and every blob of
-//! its device table is passed as one `device=` option naming a regular file (on the daemon's FUSE mount in
-//! production). util-linux `mount -t erofs` would insert a loop device and cannot pass regular-file
+//! A layer is mounted as kernel EROFS: the metadata image is the `source` and every blob of its device
+//! table is passed as one `device=` option. In `file` mode (Linux 6.12+) these are regular files (the blob
+//! files on the daemon's FUSE mount); in `loop` mode block devices ([`crate::loopdev`]) backed by them. util-linux `mount -t erofs` would insert a loop device and cannot pass regular-file
 //! devices, and `mount(2)` options are limited to one page, so this uses `fsopen`/`fsconfig` (one call per
 //! device, no length limit), `fsmount` and `move_mount`.
 //!
@@ -114,9 +114,38 @@ pub fn mount_erofs_with(
     target: &Path,
     directio: bool,
 ) -> Result<(), MountError> {
+    let mnt = erofs_mount_fd(meta, devices, directio)?;
+    attach(&mnt, target)
+}
+
+/// Attaches the detached mount `mnt` at `target`.
+fn attach(mnt: &OwnedFd, target: &Path) -> Result<(), MountError> {
+    move_mount(
+        mnt.as_fd(),
+        "",
+        CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| fail("move_mount", target, e, None))
+}
+
+/// Whether the kernel mounts EROFS image `source` (a file or a block device) with `devices`: the
+/// superblock is made and a mount created, but never attached anywhere (it goes when this returns).
+/// What the mount-mode probe ([`crate::modes`]) tries.
+pub fn try_erofs(source: &Path, devices: &[PathBuf]) -> Result<(), MountError> {
+    erofs_mount_fd(source, devices, false).map(drop)
+}
+
+/// A detached read-only EROFS mount of `meta` with `devices` (see [`mount_erofs_with`]).
+fn erofs_mount_fd(meta: &Path, devices: &[PathBuf], directio: bool) -> Result<OwnedFd, MountError> {
     let meta = absolute(meta);
     let fs_fd = fsopen("erofs", FsOpenFlags::FSOPEN_CLOEXEC)
         .map_err(|e| fail("fsopen erofs", &meta, e, None))?;
+    // A read-only superblock: opens its block devices read-only, as read-only loop devices need
+    // (opened for writing, they refuse with EACCES).
+    rustix::mount::fsconfig_set_flag(fs_fd.as_fd(), "ro")
+        .map_err(|e| fail("fsconfig ro", &meta, e, Some(&fs_fd)))?;
     fsconfig_set_string(fs_fd.as_fd(), "source", &meta)
         .map_err(|e| fail("fsconfig source", &meta, e, Some(&fs_fd)))?;
     for dev in devices {
@@ -132,21 +161,12 @@ pub fn mount_erofs_with(
         }
     }
     fsconfig_create(fs_fd.as_fd()).map_err(|e| fail("fsconfig create", &meta, e, Some(&fs_fd)))?;
-    let mnt = fsmount(
+    fsmount(
         fs_fd.as_fd(),
         FsMountFlags::FSMOUNT_CLOEXEC,
         MountAttrFlags::MOUNT_ATTR_RDONLY | untrusted(),
     )
-    .map_err(|e| fail("fsmount", &meta, e, Some(&fs_fd)))?;
-    move_mount(
-        mnt.as_fd(),
-        "",
-        CWD,
-        target,
-        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-    )
-    .map_err(|e| fail("move_mount", target, e, None))?;
-    Ok(())
+    .map_err(|e| fail("fsmount", &meta, e, Some(&fs_fd)))
 }
 
 /// The mount attributes of every mount of image data (see the module documentation).
@@ -193,13 +213,5 @@ pub fn mount_overlay(
     fsconfig_create(fs_fd.as_fd()).map_err(|e| fail("fsconfig create", target, e, Some(&fs_fd)))?;
     let mnt = fsmount(fs_fd.as_fd(), FsMountFlags::FSMOUNT_CLOEXEC, untrusted())
         .map_err(|e| fail("fsmount overlay", target, e, Some(&fs_fd)))?;
-    move_mount(
-        mnt.as_fd(),
-        "",
-        CWD,
-        target,
-        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-    )
-    .map_err(|e| fail("move_mount", target, e, None))?;
-    Ok(())
+    attach(&mnt, target)
 }

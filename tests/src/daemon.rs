@@ -1,5 +1,8 @@
 //! A `stratad` under test: started on its own state and runtime directories, its holder and server
 //! pids, kills of either or both, restarts, and a check that a stop leaves no mount behind.
+//!
+//! `STRATA_TEST_MOUNT_MODE=loop` (or `file`, `auto`) runs every daemon test in that mount mode: it is
+//! passed as `--mount-mode` unless the test names one itself.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -84,6 +87,11 @@ impl Daemon {
             .arg(&self.runtime)
             .args(extra)
             .env("STRATA_LOG", "warn");
+        if let Some(mode) = test_mount_mode() {
+            if !extra.iter().any(|a| a.starts_with("--mount-mode")) {
+                c.arg("--mount-mode").arg(mode);
+            }
+        }
         for (k, v) in self.store.env.iter().chain(&self.env) {
             c.env(k, v);
         }
@@ -187,6 +195,28 @@ impl Daemon {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
+    /// The loop devices bound to this daemon's files (blob files, layer metadata).
+    pub fn loop_devices(&self) -> Vec<strata_fs::loops::Bound> {
+        let dirs = [self.runtime.join("fuse"), self.state.path().join("layers")];
+        let dirs: Vec<PathBuf> = dirs
+            .iter()
+            .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()))
+            .collect();
+        strata_fs::loops::devices_under(&dirs)
+    }
+
+    /// Waits (up to 10 s) until no loop device is bound to this daemon's files; returns those left.
+    pub fn wait_loops_released(&self) -> Vec<strata_fs::loops::Bound> {
+        let start = Instant::now();
+        loop {
+            let left = self.loop_devices();
+            if left.is_empty() || start.elapsed() > Duration::from_secs(10) {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Mount points below the runtime directory.
     pub fn mounts(&self) -> Vec<String> {
         strata_fs::state::mount_points(&self.runtime)
@@ -215,6 +245,13 @@ impl Daemon {
         }
         self.mounts()
     }
+}
+
+/// The mount mode every daemon test runs in (`STRATA_TEST_MOUNT_MODE`), if set.
+pub fn test_mount_mode() -> Option<String> {
+    std::env::var("STRATA_TEST_MOUNT_MODE")
+        .ok()
+        .filter(|m| !m.is_empty())
 }
 
 impl Drop for Daemon {

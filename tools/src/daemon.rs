@@ -23,6 +23,7 @@ use strata_fs::api::Hooks;
 use strata_fs::daemon::{Config, Daemon, Fuse};
 use strata_fs::fuse::journal::Journal;
 use strata_fs::fuse::Channel;
+use strata_fs::modes::ModeRequest;
 use strata_fs::size::parse_size;
 
 use crate::{holder, signals, systemd};
@@ -88,6 +89,20 @@ struct Args {
     /// Run as one process without a descriptor holder: sandboxes then end with stratad.
     #[arg(long)]
     no_holder: bool,
+    /// How layers are mounted: auto (probe this kernel, take the fastest mode that works), file
+    /// (file-backed EROFS, Linux 6.12+), loop (EROFS on loop devices, 5.16+) or fuse (not built yet).
+    #[arg(long, value_name = "MODE")]
+    mount_mode: Option<ModeRequest>,
+    /// In loop mode, bind loop devices with direct I/O (true, the default) or buffered (false).
+    #[arg(long, value_name = "BOOL")]
+    loop_direct_io: Option<bool>,
+    /// Probe this kernel, print which mount mode stratad would run in and why, and exit (0 if some
+    /// mode works) without starting.
+    #[arg(long)]
+    check: bool,
+    /// With --check: print the report as JSON.
+    #[arg(long, requires = "check")]
+    json: bool,
 }
 
 /// The configuration in `path`; a missing file is an error unless it is the default one (`given` false).
@@ -149,6 +164,12 @@ fn load(args: &Args) -> Result<Config> {
     if let Some(t) = args.record_plans {
         c.record_plans_secs = t;
     }
+    if let Some(m) = args.mount_mode {
+        c.mount_mode = m;
+    }
+    if let Some(b) = args.loop_direct_io {
+        c.loop_direct_io = b;
+    }
     Ok(c)
 }
 
@@ -201,6 +222,9 @@ fn run() -> Result<()> {
     let args = Args::parse();
     init_logging(&args);
     let config = load(&args)?;
+    if args.check {
+        return check(&config, args.json);
+    }
     limit_malloc_arenas();
     raise_fd_limit();
     if let Some(inh) = holder::take_inherited()? {
@@ -213,6 +237,26 @@ fn run() -> Result<()> {
         return serve_plain(config);
     }
     holder::hold(&config, std::env::args_os().skip(1).collect())
+}
+
+/// `stratad --check`: the mount-mode report, without starting; exits 1 if no mode works (or the forced
+/// one does not).
+fn check(config: &Config, json_out: bool) -> Result<()> {
+    // The probe image goes where layer metadata will: it must be a disk filesystem.
+    std::fs::create_dir_all(&config.state_dir)
+        .with_context(|| format!("state directory {}", config.state_dir.display()))?;
+    let report = strata_fs::modes::probe_and_decide(&config.state_dir, config.mount_mode);
+    match json_out {
+        true => println!("{}", serde_json::to_string(&report)?),
+        false => report.lines().iter().for_each(|l| println!("{l}")),
+    }
+    if let Err(e) = report.usable() {
+        if !json_out {
+            eprintln!("stratad: {e}");
+        }
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 /// Starts the API on `listener` in the background.
@@ -422,6 +466,13 @@ mod tests {
         assert_eq!(c.max_fetch_span, Some(4 << 20));
         assert_eq!(c.prefetch_rate, 1 << 20);
         assert_eq!(c.metadata_cache_size, 3 << 29);
+        std::fs::write(&path, "mount_mode = \"loop\"\nloop_direct_io = false\n").unwrap();
+        let c = read_config(&path, true).unwrap();
+        assert_eq!(c.mount_mode, ModeRequest::Loop);
+        assert!(!c.loop_direct_io);
+        assert_eq!(Config::default().mount_mode, ModeRequest::Auto);
+        std::fs::write(&path, "mount_mode = \"block\"\n").unwrap();
+        assert!(read_config(&path, true).is_err());
         std::fs::write(&path, "cache_size = \"lots\"\n").unwrap();
         let e = read_config(&path, true).unwrap_err();
         assert!(format!("{e:#}").contains("lots"), "{e:#}");

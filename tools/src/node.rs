@@ -174,6 +174,24 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
         human(cache["capacity"].as_u64().unwrap_or(0)),
         cache["chunks"].as_u64().unwrap_or(0)
     );
+    if let Some(mode) = status["mount_mode"].as_str() {
+        let passed = status["mount_modes"]["passed_over"].as_array().cloned();
+        let why: Vec<String> = passed
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                format!(
+                    "not {}: {}",
+                    p["mode"].as_str().unwrap_or("?"),
+                    p["reason"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        match why.is_empty() {
+            true => println!("mount mode: {mode}"),
+            false => println!("mount mode: {mode} ({})", why.join("; ")),
+        }
+    }
     for (image, w) in status["prefetch"].as_object().into_iter().flatten() {
         let n = |k: &str| w[k].as_u64().unwrap_or(0);
         let source = match w["source"].as_str() {

@@ -1,0 +1,137 @@
+//! `loop` mode's devices: one loop device per file a layer mount needs — each blob file on stratad's
+//! FUSE mount, and each layer's local metadata file (before 6.12 the EROFS `source` must be a block
+//! device too) — shared by every layer that names the file.
+//!
+//! **Counted by the kernel.** Devices are autoclear ([`crate::loopdev`]): each EROFS mount holds the
+//! devices it was given open, and the kernel detaches a device when the last mount using it is gone.
+//! So a blob's device is shared by every layer mount that names the blob, released when unused, and
+//! never leaked — not by a stratad killed between configuring a device and mounting it (its descriptor
+//! closes when it dies), not by a node whose daemon is gone. The daemon keeps only a map from backing
+//! file to device number, to reuse a device rather than bind a second one, and checks every reuse on
+//! the open device (still bound to the same file: device and inode). After a restart the map is empty
+//! and devices are found again by their backing file (`/sys/block/loopN/loop/backing_file`), so a
+//! successor shares the devices of the mounts it adopted instead of binding new ones.
+//!
+//! Direct I/O: see [`Loops::new`].
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::daemon::{Daemon, DaemonError};
+use crate::loopdev::{self, LoopDev};
+use crate::modes::MountMode;
+use crate::mount;
+
+/// The loop devices the daemon binds and reuses.
+pub struct Loops {
+    direct_io: bool,
+    /// Backing file → the device last bound to it.
+    known: Mutex<HashMap<PathBuf, u32>>,
+}
+
+impl Loops {
+    /// `direct_io`: bind devices with `LO_FLAGS_DIRECT_IO`, so that the loop driver reads the blob
+    /// files without a page cache of their own and a layer's data is cached once, by EROFS (the
+    /// measurement is in docs/DAEMON.md).
+    pub fn new(direct_io: bool) -> Loops {
+        Loops {
+            direct_io,
+            known: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A device bound to `backing`, held open until the caller has mounted it: the known one, one found
+    /// by its backing file, or a new one.
+    pub fn device(&self, backing: &Path) -> std::io::Result<LoopDev> {
+        // As the kernel names it in sysfs.
+        let backing = &std::fs::canonicalize(backing)?;
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let again = known
+            .get(backing)
+            .and_then(|&n| loopdev::open_bound(n, backing))
+            .or_else(|| loopdev::find(backing));
+        let dev = match again {
+            Some(d) => d,
+            None => {
+                let d = loopdev::attach(backing, self.direct_io)?;
+                if self.direct_io && !loopdev::direct_io(d.number) {
+                    tracing::warn!(device = %d.path().display(), backing = %backing.display(),
+                        "the kernel refused direct I/O for this loop device: it reads buffered");
+                }
+                d
+            }
+        };
+        known.insert(backing.to_path_buf(), dev.number);
+        Ok(dev)
+    }
+}
+
+/// A loop device bound to one of the node's files.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct Bound {
+    /// `/dev/loopN`.
+    pub device: PathBuf,
+    pub backing: PathBuf,
+    /// Whether the kernel reads the backing file with direct I/O (`loop/dio` in sysfs).
+    pub direct_io: bool,
+}
+
+/// The bound loop devices whose backing file lies under one of `dirs`.
+pub fn devices_under(dirs: &[PathBuf]) -> Vec<Bound> {
+    let mut out: Vec<_> = loopdev::bound()
+        .into_iter()
+        .filter(|(_, b)| dirs.iter().any(|d| b.starts_with(d)))
+        .map(|(n, backing)| Bound {
+            device: loopdev::dev_path(n),
+            backing,
+            direct_io: loopdev::direct_io(n),
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+impl Daemon {
+    /// Mounts a layer's EROFS at `target` in this node's mode: its metadata file `meta` with the blob
+    /// files `blobs` as devices (`file`), or loop devices of them (`loop`).
+    pub(crate) fn mount_layer(
+        &self,
+        meta: &Path,
+        blobs: &[PathBuf],
+        target: &Path,
+    ) -> Result<(), DaemonError> {
+        match self.mode {
+            MountMode::File => Ok(mount::mount_erofs_with(meta, blobs, target, true)?),
+            MountMode::Loop => {
+                let dev = |p: &Path| {
+                    self.loops.device(p).map_err(|e| DaemonError::Io {
+                        path: p.to_path_buf(),
+                        source: e,
+                    })
+                };
+                let source = dev(meta)?;
+                let devices = blobs
+                    .iter()
+                    .map(|b| dev(b))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let paths: Vec<PathBuf> = devices.iter().map(LoopDev::path).collect();
+                // EROFS's `directio` is for file-backed mounts; the devices do their own.
+                mount::mount_erofs_with(&source.path(), &paths, target, false)?;
+                // Dropping `source` and `devices` now leaves the mount as their only opener.
+                Ok(())
+            }
+            MountMode::Fuse => Err(DaemonError::Invalid(
+                "mount mode fuse is not built yet".into(),
+            )),
+        }
+    }
+
+    /// The loop devices bound to this node's files (blob files, layer metadata).
+    pub(crate) fn loop_devices(&self) -> Vec<Bound> {
+        devices_under(&[
+            self.config.runtime_dir.join("fuse"),
+            self.config.state_dir.join("layers"),
+        ])
+    }
+}
