@@ -18,6 +18,7 @@ pub mod cache;
 pub mod daemon;
 pub mod fetch;
 pub mod fuse;
+pub mod kernelcheck;
 pub mod metadir;
 pub mod metafile;
 pub mod metrics;
