@@ -10,7 +10,8 @@
 //! [`warming`] fetches an image's prefetch plan in the background when it is mounted. [`api`] is the
 //! control socket, [`metrics`] what it exports; [`process`] is what an image's config starts in a
 //! sandbox, as the API reports it. [`vm`] serves the same layers to microVMs as drive files (metadata
-//! through [`metafile`]) with a scratch drive for their changes.
+//! through [`metafile`]) with a scratch drive for their changes. [`treefs`] serves a layer's whole tree
+//! over FUSE from its metadata (the `fuse` mount mode), for kernels whose EROFS cannot mount it.
 
 pub mod api;
 pub mod blobfs;
@@ -31,5 +32,6 @@ pub mod slowread;
 pub mod state;
 #[cfg(test)]
 mod testkit;
+pub mod treefs;
 pub mod vm;
 pub mod warming;
