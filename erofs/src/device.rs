@@ -74,6 +74,9 @@ mod tests {
         let short = DeviceSlot::with_tag(b"blob", 1);
         assert_eq!(short.tag_bytes(), b"blob");
         assert_eq!(short.tag_hex(), None);
-        assert_eq!(DeviceSlot::with_tag("AB".repeat(32).as_bytes(), 1).tag_hex(), None);
+        assert_eq!(
+            DeviceSlot::with_tag("AB".repeat(32).as_bytes(), 1).tag_hex(),
+            None
+        );
     }
 }

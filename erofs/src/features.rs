@@ -47,15 +47,47 @@ pub const BASE_KERNEL: KernelVersion = KernelVersion::new(5, 4);
 
 /// Every `feature_incompat` bit: its name and the first kernel that reads it.
 pub const INCOMPAT_FEATURES: &[(u32, &str, KernelVersion)] = &[
-    (FEATURE_INCOMPAT_ZERO_PADDING, "zero_padding", KernelVersion::new(5, 4)),
-    (FEATURE_INCOMPAT_COMPR_CFGS, "compr_cfgs/big_pcluster", KernelVersion::new(5, 13)),
-    (FEATURE_INCOMPAT_CHUNKED_FILE, "chunked_file", KernelVersion::new(5, 15)),
-    (FEATURE_INCOMPAT_DEVICE_TABLE, "device_table", KernelVersion::new(5, 16)),
-    (FEATURE_INCOMPAT_ZTAILPACKING, "ztailpacking", KernelVersion::new(5, 17)),
-    (FEATURE_INCOMPAT_FRAGMENTS, "fragments/dedupe", KernelVersion::new(6, 1)),
-    (FEATURE_INCOMPAT_XATTR_PREFIXES, "xattr_prefixes", KernelVersion::new(6, 4)),
+    (
+        FEATURE_INCOMPAT_ZERO_PADDING,
+        "zero_padding",
+        KernelVersion::new(5, 4),
+    ),
+    (
+        FEATURE_INCOMPAT_COMPR_CFGS,
+        "compr_cfgs/big_pcluster",
+        KernelVersion::new(5, 13),
+    ),
+    (
+        FEATURE_INCOMPAT_CHUNKED_FILE,
+        "chunked_file",
+        KernelVersion::new(5, 15),
+    ),
+    (
+        FEATURE_INCOMPAT_DEVICE_TABLE,
+        "device_table",
+        KernelVersion::new(5, 16),
+    ),
+    (
+        FEATURE_INCOMPAT_ZTAILPACKING,
+        "ztailpacking",
+        KernelVersion::new(5, 17),
+    ),
+    (
+        FEATURE_INCOMPAT_FRAGMENTS,
+        "fragments/dedupe",
+        KernelVersion::new(6, 1),
+    ),
+    (
+        FEATURE_INCOMPAT_XATTR_PREFIXES,
+        "xattr_prefixes",
+        KernelVersion::new(6, 4),
+    ),
     (FEATURE_INCOMPAT_48BIT, "48bit", KernelVersion::new(6, 15)),
-    (FEATURE_INCOMPAT_METABOX, "metabox", KernelVersion::new(6, 17)),
+    (
+        FEATURE_INCOMPAT_METABOX,
+        "metabox",
+        KernelVersion::new(6, 17),
+    ),
 ];
 
 /// The features strata's writer may set: an image it wrote never needs more than [`WRITER_KERNEL`].
@@ -78,7 +110,9 @@ pub enum FeatureError {
         running: KernelVersion,
         features: Vec<&'static str>,
     },
-    #[error("the image has {bits}-bit blocks, which need Linux 6.4 or newer; this kernel is {running}")]
+    #[error(
+        "the image has {bits}-bit blocks, which need Linux 6.4 or newer; this kernel is {running}"
+    )]
     BlockSize { bits: u8, running: KernelVersion },
 }
 

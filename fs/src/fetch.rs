@@ -313,7 +313,7 @@ impl Fetcher {
 
     /// Chunk `i` of `blob` if the cache has it; nothing is fetched.
     pub fn cached(&self, blob: &BlobHandle, i: usize) -> Result<Option<ChunkBytes>, FetchError> {
-        let c = blob.toc.chunks.get(i).ok_or_else(|| FetchError::NoChunk {
+        let c = blob.toc.chunks.get(i).ok_or(FetchError::NoChunk {
             blob: blob.blob.digest,
             index: i,
         })?;
@@ -329,7 +329,7 @@ impl Fetcher {
         blob: &Arc<BlobHandle>,
         i: usize,
     ) -> Result<ChunkBytes, FetchError> {
-        let c = *blob.toc.chunks.get(i).ok_or_else(|| FetchError::NoChunk {
+        let c = *blob.toc.chunks.get(i).ok_or(FetchError::NoChunk {
             blob: blob.blob.digest,
             index: i,
         })?;

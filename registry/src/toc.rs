@@ -270,7 +270,8 @@ pub enum FrameError {
 
 /// Decompresses a frame that must hold exactly `len` bytes.
 pub fn decompress(frame: &[u8], len: usize) -> Result<Vec<u8>, FrameError> {
-    let out = zstd::bulk::decompress(frame, len).map_err(|source| FrameError::Zstd { len, source })?;
+    let out =
+        zstd::bulk::decompress(frame, len).map_err(|source| FrameError::Zstd { len, source })?;
     if out.len() != len {
         return Err(FrameError::Length {
             got: out.len(),

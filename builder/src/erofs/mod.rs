@@ -126,7 +126,12 @@ pub(crate) mod tests {
         }
 
         /// A chunked file of `size` bytes with chunk `k` given by `f(k)` (None = hole).
-        pub(crate) fn file(&mut self, size: u64, bits: u8, f: impl Fn(u64) -> Option<ChunkLoc>) -> NodeKind {
+        pub(crate) fn file(
+            &mut self,
+            size: u64,
+            bits: u8,
+            f: impl Fn(u64) -> Option<ChunkLoc>,
+        ) -> NodeKind {
             let n = size.div_ceil(1 << bits);
             let chunks = (0..n)
                 .map(|k| {

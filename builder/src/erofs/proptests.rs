@@ -52,7 +52,10 @@ fn xattrs() -> impl Strategy<Value = Vec<(Vec<u8>, Vec<u8>)>> {
         .prop_map(|(p, s, v)| ([p, &s].concat(), v));
     let acl = prop_oneof![
         Just(None),
-        Just(Some((b"system.posix_acl_access".to_vec(), vec![2, 0, 0, 0]))),
+        Just(Some((
+            b"system.posix_acl_access".to_vec(),
+            vec![2, 0, 0, 0]
+        ))),
     ];
     (proptest::collection::vec(entry, 0..4), acl).prop_map(|(v, acl)| {
         let sorted: BTreeMap<Vec<u8>, Vec<u8>> = v.into_iter().chain(acl).collect();
@@ -95,11 +98,7 @@ fn kind() -> impl Strategy<Value = Kind> {
 }
 
 /// Builds the tree: entry `i` goes under the `parent % dirs`-th directory made so far.
-fn build(
-    entries: &[(usize, Vec<u8>, Kind, Meta)],
-    chunk_bits: u8,
-    chunks: &mut Chunks,
-) -> Tree {
+fn build(entries: &[(usize, Vec<u8>, Kind, Meta)], chunk_bits: u8, chunks: &mut Chunks) -> Tree {
     let mut tree = Tree::new();
     let mut dirs: Vec<Vec<u8>> = vec![Vec::new()];
     let mut files: Vec<Vec<u8>> = Vec::new();
@@ -129,8 +128,12 @@ fn build(
                 })
             }),
             Kind::Symlink(t) => NodeKind::Symlink(t.clone()),
-            &Kind::Char(a, b) => NodeKind::CharDev { rdev: makedev(a, b) },
-            &Kind::Block(a, b) => NodeKind::BlockDev { rdev: makedev(a, b) },
+            &Kind::Char(a, b) => NodeKind::CharDev {
+                rdev: makedev(a, b),
+            },
+            &Kind::Block(a, b) => NodeKind::BlockDev {
+                rdev: makedev(a, b),
+            },
             Kind::Fifo => NodeKind::Fifo,
             Kind::Socket => NodeKind::Socket,
             Kind::Whiteout => NodeKind::CharDev { rdev: 0 },
