@@ -12,7 +12,7 @@ use strata_registry::model::BlobRef;
 
 use crate::chunker::Packed;
 use crate::dedup::Known;
-use crate::erofs::{ChunkLoc, DeviceSlot};
+use crate::erofs::{BlobSlot, ChunkLoc, DeviceSlot};
 use crate::error::BuildError;
 use crate::tree::{FileData, NodeKind, Tree};
 

@@ -132,7 +132,7 @@ fn apply(
     let mut links: HashMap<u64, Vec<u8>> = HashMap::new();
     while let Some((path, nid)) = stack.pop() {
         let inode = s.image.inode(nid).map_err(err)?;
-        let mut meta = inode.meta();
+        let mut meta = crate::erofs::meta_of(&inode);
         let kind = match inode.mode & S_IFMT {
             S_IFDIR => {
                 let opaque = inode.is_opaque();

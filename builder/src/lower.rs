@@ -120,7 +120,7 @@ impl LowerView {
 
 /// An inode's metadata as a source entry carries it (overlay's opaque marker left out).
 pub(crate) fn meta_of(i: &Inode) -> Meta {
-    let mut meta = i.meta();
+    let mut meta = crate::erofs::meta_of(i);
     meta.xattrs.retain(|(k, _)| k != OPAQUE_XATTR);
     meta.xattrs.sort();
     meta

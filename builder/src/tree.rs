@@ -27,7 +27,7 @@ pub const S_IFCHR: u32 = 0o020000;
 pub const S_IFIFO: u32 = 0o010000;
 
 /// The xattr that marks an overlay opaque directory.
-pub const OPAQUE_XATTR: &[u8] = b"trusted.overlay.opaque";
+pub use strata_erofs::format::OPAQUE_XATTR;
 
 /// Metadata every entry has.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -38,6 +38,7 @@ use crate::fuse::session::{Filesystem, Reply};
 use crate::metafile::{meta_ino, MetaTable};
 use crate::metrics::Metrics;
 use crate::slowread::{SlowError, SlowReads};
+use crate::treefs::TreeError;
 
 const ROOT: u64 = proto::ROOT_ID;
 const BLOBS_DIR: u64 = 2;
@@ -136,17 +137,22 @@ impl BlobTable {
     }
 }
 
-/// Reads a blob's view: shared by the FUSE workers (cached data) and the slow-read threads.
-struct View {
-    table: Arc<BlobTable>,
+/// Reads a blob's view: shared by the FUSE workers (cached data) and the slow-read threads, of this
+/// server and of the tree server ([`crate::treefs`]).
+pub(crate) struct View {
+    pub(crate) table: Arc<BlobTable>,
     fetcher: Arc<Fetcher>,
 }
 
 impl View {
+    pub(crate) fn new(table: Arc<BlobTable>, fetcher: Arc<Fetcher>) -> View {
+        View { table, fetcher }
+    }
+
     /// Fills `buf` from the blob's view at `offset` (zeros where no chunk lies); returns the bytes
     /// filled. With `cached_only` it stops at the first chunk not in the cache (nothing is fetched), so
     /// that a slow read can go on from there instead of reading the cached part again.
-    fn read(
+    pub(crate) fn read(
         &self,
         blob: &Arc<BlobHandle>,
         offset: u64,
@@ -204,10 +210,29 @@ pub struct BlobFs {
 }
 
 /// The one errno map: data that cannot be served is an I/O error (logged with its cause).
-fn errno(e: &FetchError, metrics: &Metrics) -> Errno {
+pub(crate) fn errno(e: &FetchError, metrics: &Metrics) -> Errno {
     metrics.error(e.kind());
     tracing::warn!(error = %e, "read failed");
     Errno::IO
+}
+
+/// The tree server's errors in the same map: what cannot be served — data or metadata (a damaged
+/// image, a blob the node does not serve) — is an I/O error; only a layout the server does not read
+/// (compressed files of other writers) says so.
+pub(crate) fn tree_errno(e: &TreeError, metrics: &Metrics) -> Errno {
+    match e {
+        TreeError::Fetch(f) => errno(f, metrics),
+        TreeError::Layout { .. } => {
+            metrics.error("unsupported");
+            tracing::warn!(error = %e, "read refused");
+            Errno::OPNOTSUPP
+        }
+        _ => {
+            metrics.error("metadata");
+            tracing::warn!(error = %e, "tree request failed");
+            Errno::IO
+        }
+    }
 }
 
 /// Threads fetching for one blob at a time (each serves the blob's waiting reads one after another).

@@ -148,6 +148,8 @@ pub enum DaemonError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Mount(#[from] MountError),
+    #[error("{0}")]
+    Kernel(#[from] crate::kernelcheck::KernelCheckError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -488,6 +490,7 @@ impl Daemon {
             .collect();
         let target = self.config.runtime_dir.join("layers").join(d.hex());
         std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
+        crate::kernelcheck::check_layer(&meta_path)?;
         self.mount_layer(&meta_path, &devices, &target)?;
         tracing::debug!(layer = %d, fetched_ms = fetched.as_millis() as u64,
             mounted_ms = started.elapsed().as_millis() as u64, "layer mounted");

@@ -33,24 +33,38 @@ use std::time::{Duration, Instant};
 use strata_registry::digest::Digest;
 use strata_registry::model::BlobRef;
 use strata_registry::store::{key, Store, StoreError};
-use strata_registry::toc::{decompress, verified_chunk, Toc};
+use strata_registry::toc::{decompress, verified_chunk, FrameError, Toc};
 
-use crate::cache::{ChunkCache, Verified};
+use crate::cache::{CacheError, ChunkCache, Verified};
 use crate::metrics::Metrics;
 
-/// Why a chunk could not be served.
+/// Why a chunk could not be served. Shared by every reader waiting on one fetch, hence `Clone` (the
+/// store's and the cache's errors are kept whole, behind an `Arc`).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum FetchError {
     #[error("blob {blob}: no data within {after:?}")]
     Timeout { blob: Digest, after: Duration },
-    #[error("blob {blob}: store failed: {message}")]
-    Store { blob: Digest, message: String },
+    #[error("blob {blob}: store failed: {source}")]
+    Store {
+        blob: Digest,
+        #[source]
+        source: Arc<StoreError>,
+    },
     #[error("blob {blob}: chunk {chunk} failed verification twice")]
     Corrupt { blob: Digest, chunk: Digest },
-    #[error("blob {blob}: {why}")]
-    Invalid { blob: Digest, why: String },
-    #[error("chunk cache: {0}")]
-    Cache(String),
+    #[error("blob {blob}: chunk index {index} out of range")]
+    NoChunk { blob: Digest, index: usize },
+    #[error("blob {blob}: the store's answer for {range:?} ended early")]
+    ShortAnswer {
+        blob: Digest,
+        range: std::ops::Range<u64>,
+    },
+    #[error("blob {blob}: nothing was fetched")]
+    NothingFetched { blob: Digest },
+    #[error("blob {blob} is not served on this node")]
+    NotServed { blob: Digest },
+    #[error(transparent)]
+    Cache(Arc<CacheError>),
 }
 
 impl FetchError {
@@ -60,7 +74,10 @@ impl FetchError {
             FetchError::Timeout { .. } => "timeout",
             FetchError::Store { .. } => "store",
             FetchError::Corrupt { .. } => "corrupt",
-            FetchError::Invalid { .. } => "invalid",
+            FetchError::NoChunk { .. }
+            | FetchError::ShortAnswer { .. }
+            | FetchError::NothingFetched { .. }
+            | FetchError::NotServed { .. } => "invalid",
             FetchError::Cache(_) => "cache",
         }
     }
@@ -109,12 +126,20 @@ impl ChunkBytes {
         match self {
             ChunkBytes::Cached(p) => p
                 .read_at(buf, offset)
-                .map_err(|e| FetchError::Cache(e.to_string())),
+                .map_err(|e| FetchError::Cache(Arc::new(e))),
             ChunkBytes::Memory(m) => {
-                let start = offset as usize;
-                let src = m
-                    .get(start..start + buf.len())
-                    .ok_or_else(|| FetchError::Cache("read past chunk end".into()))?;
+                let past = || {
+                    FetchError::Cache(Arc::new(CacheError::PastEnd {
+                        offset,
+                        len: buf.len(),
+                        size: m.len() as u64,
+                    }))
+                };
+                let start = usize::try_from(offset).map_err(|_| past())?;
+                let src = start
+                    .checked_add(buf.len())
+                    .and_then(|end| m.get(start..end))
+                    .ok_or_else(past)?;
                 buf.copy_from_slice(src);
                 Ok(())
             }
@@ -288,9 +313,9 @@ impl Fetcher {
 
     /// Chunk `i` of `blob` if the cache has it; nothing is fetched.
     pub fn cached(&self, blob: &BlobHandle, i: usize) -> Result<Option<ChunkBytes>, FetchError> {
-        let c = blob.toc.chunks.get(i).ok_or_else(|| FetchError::Invalid {
+        let c = blob.toc.chunks.get(i).ok_or(FetchError::NoChunk {
             blob: blob.blob.digest,
-            why: format!("chunk index {i} out of range"),
+            index: i,
         })?;
         Ok(self.cache.get(&c.digest).map(|p| {
             self.metrics.cache_hit(&blob.blob.digest);
@@ -304,9 +329,9 @@ impl Fetcher {
         blob: &Arc<BlobHandle>,
         i: usize,
     ) -> Result<ChunkBytes, FetchError> {
-        let c = *blob.toc.chunks.get(i).ok_or_else(|| FetchError::Invalid {
+        let c = *blob.toc.chunks.get(i).ok_or(FetchError::NoChunk {
             blob: blob.blob.digest,
-            why: format!("chunk index {i} out of range"),
+            index: i,
         })?;
         let start = Instant::now();
         loop {
@@ -547,9 +572,9 @@ impl Fetcher {
         }
         let left = match &streamed {
             Err(e) => Some(e.clone()),
-            Ok(()) if done < claimed.len() => Some(FetchError::Invalid {
+            Ok(()) if done < claimed.len() => Some(FetchError::ShortAnswer {
                 blob: blob.blob.digest,
-                why: format!("the store's answer for {range:?} ended early"),
+                range: range.clone(),
             }),
             Ok(()) => None,
         };
@@ -591,9 +616,8 @@ impl Fetcher {
             // Its bytes are at hand: no need to read them back from the cache.
             Some(Ok(bytes)) => Ok(ChunkBytes::Memory(bytes)),
             Some(Err(e)) => Err(e),
-            None => Err(FetchError::Invalid {
+            None => Err(FetchError::NothingFetched {
                 blob: blob.blob.digest,
-                why: "nothing was fetched".into(),
             }),
         }
     }
@@ -641,7 +665,7 @@ impl Fetcher {
         start: u64,
     ) -> Vec<ChunkResult> {
         let toc = &blob.toc;
-        let mut frames: HashMap<usize, Result<Vec<u8>, String>> = HashMap::new();
+        let mut frames: HashMap<usize, Result<Vec<u8>, FrameError>> = HashMap::new();
         let mut out = Vec::with_capacity(claimed.len());
         for &j in claimed {
             let c = &toc.chunks[j];
@@ -703,7 +727,7 @@ fn store_error(blob: &BlobHandle, e: StoreError) -> FetchError {
         },
         other => FetchError::Store {
             blob: blob.blob.digest,
-            message: other.to_string(),
+            source: Arc::new(other),
         },
     }
 }

@@ -12,7 +12,8 @@
 //! [`warming`] fetches an image's prefetch plan in the background when it is mounted. [`api`] is the
 //! control socket, [`metrics`] what it exports; [`process`] is what an image's config starts in a
 //! sandbox, as the API reports it. [`vm`] serves the same layers to microVMs as drive files (metadata
-//! through [`metafile`]) with a scratch drive for their changes.
+//! through [`metafile`]) with a scratch drive for their changes. [`treefs`] serves a layer's whole tree
+//! over FUSE from its metadata (the `fuse` mount mode), for kernels whose EROFS cannot mount it.
 
 pub mod api;
 pub mod blobfs;
@@ -20,6 +21,7 @@ pub mod cache;
 pub mod daemon;
 pub mod fetch;
 pub mod fuse;
+pub mod kernelcheck;
 pub mod loopdev;
 pub mod loops;
 pub mod metadir;
@@ -35,5 +37,6 @@ pub mod slowread;
 pub mod state;
 #[cfg(test)]
 mod testkit;
+pub mod treefs;
 pub mod vm;
 pub mod warming;

@@ -33,7 +33,7 @@ use strata_registry::digest::Digest;
 use strata_registry::store::Store;
 
 use crate::blobfs::BlobTable;
-use crate::fetch::Fetcher;
+use crate::fetch::{FetchError, Fetcher};
 
 /// How long a plan waits for its blobs to be served (the sandbox's layers mounted).
 const BLOBS_WAIT: Duration = Duration::from_secs(60);
@@ -130,15 +130,15 @@ struct Source {
 }
 
 impl ChunkSource for Source {
-    fn fetch(&self, blob: &Digest, chunks: &[u32]) -> Result<(u64, u64), String> {
+    type Error = FetchError;
+
+    fn fetch(&self, blob: &Digest, chunks: &[u32]) -> Result<(u64, u64), FetchError> {
         let h = self
             .table
             .handle(blob)
-            .ok_or_else(|| format!("blob {blob} is not served"))?;
+            .ok_or(FetchError::NotServed { blob: *blob })?;
         let idx: Vec<usize> = chunks.iter().map(|&c| c as usize).collect();
-        self.fetcher
-            .fetch_chunks(&h, &idx)
-            .map_err(|e| e.to_string())
+        self.fetcher.fetch_chunks(&h, &idx)
     }
 }
 

@@ -23,9 +23,12 @@ use crate::plan::PlanEntry;
 
 /// What warming needs from the node.
 pub trait ChunkSource: Send + Sync {
+    /// Why a fetch failed (warming counts failures and gives up after `max_errors` in a row).
+    type Error: std::error::Error + Send + Sync + 'static;
+
     /// Fetches those of `chunks` (ascending indexes into `blob`'s table of contents) that are neither
     /// cached nor being fetched, neighbours in one request; returns (chunks fetched, bytes fetched).
-    fn fetch(&self, blob: &Digest, chunks: &[u32]) -> Result<(u64, u64), String>;
+    fn fetch(&self, blob: &Digest, chunks: &[u32]) -> Result<(u64, u64), Self::Error>;
 }
 
 /// How hard to warm.
@@ -127,9 +130,9 @@ impl Pacer {
 
 /// Starts warming `entries` in the background; returns at once. Progress and the end show in `stats`;
 /// the handle joins when warming is over.
-pub fn warm(
+pub fn warm<S: ChunkSource + 'static>(
     entries: Arc<Vec<PlanEntry>>,
-    src: Arc<dyn ChunkSource>,
+    src: Arc<S>,
     opts: WarmOptions,
     stats: Arc<WarmStats>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
@@ -187,10 +190,16 @@ mod tests {
         requests: Mutex<Vec<Vec<u32>>>,
     }
 
+    #[derive(Debug, thiserror::Error)]
+    #[error("down")]
+    struct Down;
+
     impl ChunkSource for Fake {
-        fn fetch(&self, _blob: &Digest, chunks: &[u32]) -> Result<(u64, u64), String> {
+        type Error = Down;
+
+        fn fetch(&self, _blob: &Digest, chunks: &[u32]) -> Result<(u64, u64), Down> {
             if self.failing {
-                return Err("down".into());
+                return Err(Down);
             }
             let todo: Vec<u32> = chunks
                 .iter()

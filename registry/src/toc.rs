@@ -255,14 +255,28 @@ pub fn compress(data: &[u8], level: i32) -> Vec<u8> {
     zstd::bulk::compress(data, level).unwrap_or_else(|_| Vec::new())
 }
 
+/// Why a frame did not decompress to what its table of contents says.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("not a valid zstd frame of at most {len} bytes: {source}")]
+    Zstd {
+        len: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("frame decompressed to {got} bytes, expected {expected}")]
+    Length { got: usize, expected: usize },
+}
+
 /// Decompresses a frame that must hold exactly `len` bytes.
-pub fn decompress(frame: &[u8], len: usize) -> Result<Vec<u8>, String> {
-    let out = zstd::bulk::decompress(frame, len).map_err(|e| e.to_string())?;
+pub fn decompress(frame: &[u8], len: usize) -> Result<Vec<u8>, FrameError> {
+    let out =
+        zstd::bulk::decompress(frame, len).map_err(|source| FrameError::Zstd { len, source })?;
     if out.len() != len {
-        return Err(format!(
-            "frame decompressed to {} bytes, expected {len}",
-            out.len()
-        ));
+        return Err(FrameError::Length {
+            got: out.len(),
+            expected: len,
+        });
     }
     Ok(out)
 }

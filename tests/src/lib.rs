@@ -75,6 +75,8 @@ pub enum Need {
     Mount,
     /// Root and kernel EROFS: kernel mounts of images we write.
     KernelErofs,
+    /// Root and /dev/fuse (no kernel EROFS): the tree server's mounts, overlays on them.
+    Fuse,
     /// moto's S3 server (`scripts/setup` installs it).
     Moto,
     Bwrap,
@@ -105,6 +107,7 @@ impl Need {
         match self {
             Need::Mount => "root, kernel EROFS and /dev/fuse",
             Need::KernelErofs => "root and kernel EROFS",
+            Need::Fuse => "root and /dev/fuse",
             Need::Moto => "moto[server] (scripts/setup installs it)",
             Need::Bwrap => "bwrap (apt-get install bubblewrap)",
             Need::Runc => "runc (apt-get install runc)",
@@ -121,6 +124,7 @@ impl Need {
         match self {
             Need::Mount => is_root() && kernel_has_erofs() && Path::new("/dev/fuse").exists(),
             Need::KernelErofs => is_root() && kernel_has_erofs(),
+            Need::Fuse => is_root() && Path::new("/dev/fuse").exists(),
             Need::Moto => Command::new("python3")
                 .args(["-c", "import moto.server, flask"])
                 .output()

@@ -15,7 +15,7 @@ use std::process::Command;
 use strata_tests::{have, Need};
 
 use strata_builder::erofs::format::{makedev, BLKSZ};
-use strata_builder::erofs::{write_image, ChunkLoc, DeviceSlot, ErofsImage};
+use strata_builder::erofs::{write_image, BlobSlot, ChunkLoc, DeviceSlot, ErofsImage};
 use strata_builder::tree::{FileData, Meta, NodeId, NodeKind, Tree};
 use strata_fs::mount::{mount_erofs, unmount};
 use strata_registry::digest::Digest;

@@ -33,7 +33,7 @@ use strata_registry::model::{BlobRef, LayerDescriptor, Manifest, TagName};
 use strata_registry::store::{Store, StoreError};
 
 use crate::erofs::repoint::{chunk_tables, repoint, Replacement};
-use crate::erofs::{DeviceSlot, ErofsImage};
+use crate::erofs::{BlobSlot, DeviceSlot, ErofsImage};
 use crate::error::BuildError;
 
 /// Label of a re-pointed layer: the layer it replaces.

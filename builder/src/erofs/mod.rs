@@ -1,4 +1,5 @@
-//! strata's own EROFS writer and reader.
+//! strata's EROFS writer; the format, reader and re-pointing live in `strata-erofs` and are re-exported
+//! here, so `crate::erofs::{format, reader, repoint}` keep their paths.
 //!
 //! A layer's metadata is a real EROFS image that Linux mounts file-backed, with one `device=` per blob; file
 //! data never lives in it (except the bytes of tiny files). No Rust crate writes chunk indexes with a device
@@ -31,15 +32,53 @@
 //!   anything else is an error.
 //! * The output is a pure function of the input: the uuid is derived from the image's content.
 //!
-//! The on-disk structures are in [`format`], with compile-time size checks.
+//! The on-disk structures are in [`format`], with compile-time size checks. The features written are
+//! pinned to what Linux 5.16 reads (`strata_erofs::features::WRITER_INCOMPAT`).
 
-pub mod format;
-pub mod reader;
-pub mod repoint;
+pub use strata_erofs::{format, reader, repoint};
 pub mod writer;
 
-pub use reader::{DirEntry, ErofsError, ErofsImage, Inode, Layout};
-pub use writer::{write_image, ChunkLoc, DeviceSlot};
+pub use strata_erofs::{ChunkLoc, DeviceSlot, DirEntry, ErofsError, ErofsImage, Inode, Layout};
+pub use writer::write_image;
+
+use strata_registry::digest::Digest;
+
+/// A device slot named by a blob digest (the reader's [`DeviceSlot`] knows no digest type).
+pub trait BlobSlot {
+    /// The slot of a blob named `digest` whose uncompressed view is `blocks` 4 KiB blocks.
+    fn for_blob(digest: &Digest, blocks: u32) -> Self;
+    /// The blob digest the tag names, if it holds 64 hex digits.
+    fn digest(&self) -> Option<Digest>;
+}
+
+impl BlobSlot for DeviceSlot {
+    fn for_blob(digest: &Digest, blocks: u32) -> DeviceSlot {
+        DeviceSlot::with_tag(digest.hex().as_bytes(), blocks)
+    }
+
+    fn digest(&self) -> Option<Digest> {
+        self.tag_hex().and_then(|s| Digest::from_hex(s).ok())
+    }
+}
+
+/// The metadata a source entry for `inode` carries (permission bits, owner, times, xattrs).
+pub fn meta_of(inode: &Inode) -> crate::tree::Meta {
+    crate::tree::Meta {
+        perm: inode.mode & 0o7777,
+        uid: inode.uid,
+        gid: inode.gid,
+        mtime: inode.mtime,
+        mtime_nsec: inode.mtime_nsec,
+        xattrs: inode.xattrs.clone(),
+    }
+}
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod reader_tests;
+#[cfg(test)]
+mod repoint_tests;
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -87,7 +126,12 @@ pub(crate) mod tests {
         }
 
         /// A chunked file of `size` bytes with chunk `k` given by `f(k)` (None = hole).
-        fn file(&mut self, size: u64, bits: u8, f: impl Fn(u64) -> Option<ChunkLoc>) -> NodeKind {
+        pub(crate) fn file(
+            &mut self,
+            size: u64,
+            bits: u8,
+            f: impl Fn(u64) -> Option<ChunkLoc>,
+        ) -> NodeKind {
             let n = size.div_ceil(1 << bits);
             let chunks = (0..n)
                 .map(|k| {

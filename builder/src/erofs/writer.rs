@@ -2,51 +2,13 @@
 
 use std::collections::BTreeMap;
 
+use strata_erofs::device::seal_superblock;
+use strata_erofs::{ChunkLoc, DeviceSlot};
 use strata_registry::digest::Digest;
 
 use super::format::*;
 use crate::error::BuildError;
 use crate::tree::{FileData, NodeId, NodeKind, Tree};
-
-/// One entry of the device table: a blob the image's chunk indexes point into.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceSlot {
-    /// Free-form tag; we store the blob digest's 64 hex digits (no NUL terminator needed).
-    pub tag: [u8; 64],
-    /// Size of the device (the blob's uncompressed view) in 4 KiB blocks.
-    pub blocks: u32,
-}
-
-impl DeviceSlot {
-    /// The slot of a blob named `digest` whose uncompressed view is `blocks` 4 KiB blocks.
-    pub fn for_blob(digest: &Digest, blocks: u32) -> DeviceSlot {
-        let mut tag = [0u8; 64];
-        tag.copy_from_slice(digest.hex().as_bytes());
-        DeviceSlot { tag, blocks }
-    }
-
-    /// The tag up to its first NUL.
-    pub fn tag_bytes(&self) -> &[u8] {
-        let end = self.tag.iter().position(|&b| b == 0).unwrap_or(64);
-        &self.tag[..end]
-    }
-
-    /// The blob digest the tag names, if it holds 64 hex digits.
-    pub fn digest(&self) -> Option<Digest> {
-        std::str::from_utf8(self.tag_bytes())
-            .ok()
-            .and_then(|s| Digest::from_hex(s).ok())
-    }
-}
-
-/// Where a chunk lives: a device of the device table and a 4 KiB block address in it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ChunkLoc {
-    /// 1-based device id (= device table slot index + 1).
-    pub device: u16,
-    /// 4 KiB block address inside that device.
-    pub block: u32,
-}
 
 /// Where the device table starts, in 128-byte slots: byte 1280, after the 144 bytes that current kernel
 /// headers give the superblock (mkfs 1.5 uses 9, right after the 128 bytes it knows; both mount).
@@ -148,23 +110,6 @@ pub fn write_image(
     sb.devt_slotoff = if devices.is_empty() { 0 } else { DEVT_SLOTOFF };
     seal_superblock(&mut img, sb);
     Ok(img)
-}
-
-/// Writes `sb` into `img` with a content-derived uuid (overlayfs wants distinct non-null uuids: hashed
-/// over the image with the uuid and checksum zero), then the checksum over both.
-pub(crate) fn seal_superblock(img: &mut [u8], mut sb: SuperBlock) {
-    sb.uuid = [0; 16];
-    sb.checksum = 0;
-    sb.write_to(img, SUPER_OFFSET);
-    let hash = blake3::hash(img);
-    let mut uuid = [0u8; 16];
-    uuid.copy_from_slice(&hash.as_bytes()[..16]);
-    uuid[6] = (uuid[6] & 0x0f) | 0x40;
-    uuid[8] = (uuid[8] & 0x3f) | 0x80;
-    sb.uuid = uuid;
-    sb.write_to(img, SUPER_OFFSET);
-    sb.checksum = sb_checksum(&img[SUPER_OFFSET..BLKSZ]);
-    sb.write_to(img, SUPER_OFFSET);
 }
 
 /// The reachable nodes in breadth-first order (the root first), with the first name of each.

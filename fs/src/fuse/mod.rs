@@ -73,23 +73,39 @@ impl Channel {
     /// Opens a new connection and mounts it read-only (`nodev`, `nosuid`, `noexec`) at `target`. Without
     /// `allow_other` only root reaches the files; with it, the files' modes decide (`default_permissions`).
     pub fn mount(target: &Path, allow_other: bool) -> io::Result<Channel> {
+        let flags =
+            MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID | MountFlags::NOEXEC;
+        Self::mount_with(target, flags, allow_other, allow_other)
+    }
+
+    /// Opens a new connection for a layer's whole tree (`crate::treefs`) and mounts it read-only at
+    /// `target`: `nodev` and `nosuid` like every image mount (`crate::mount`), but programs may run, and
+    /// the kernel checks the served modes and owners (`default_permissions`) for every caller.
+    pub fn mount_tree(target: &Path, allow_other: bool) -> io::Result<Channel> {
+        let flags = MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID;
+        Self::mount_with(target, flags, allow_other, true)
+    }
+
+    fn mount_with(
+        target: &Path,
+        flags: MountFlags,
+        allow_other: bool,
+        default_permissions: bool,
+    ) -> io::Result<Channel> {
         let fd = rustix::fs::open("/dev/fuse", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
         let mut data = format!(
             "fd={},rootmode=40000,user_id=0,group_id=0",
             std::os::fd::AsRawFd::as_raw_fd(&fd)
         );
         if allow_other {
-            data.push_str(",allow_other,default_permissions");
+            data.push_str(",allow_other");
+        }
+        if default_permissions {
+            data.push_str(",default_permissions");
         }
         let data =
             CString::new(data).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        rustix::mount::mount(
-            "strata",
-            target,
-            "fuse.strata",
-            MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID | MountFlags::NOEXEC,
-            data.as_c_str(),
-        )?;
+        rustix::mount::mount("strata", target, "fuse.strata", flags, data.as_c_str())?;
         let journal = journal::Journal::create()
             .inspect_err(|e| tracing::warn!(error = %e, "no FUSE request journal: a dead server's reads are lost on kernels without FUSE_NOTIFY_RESEND"))
             .ok();

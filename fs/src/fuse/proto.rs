@@ -26,10 +26,13 @@ pub mod op {
     pub const LOOKUP: u32 = 1;
     pub const FORGET: u32 = 2;
     pub const GETATTR: u32 = 3;
+    pub const READLINK: u32 = 5;
     pub const OPEN: u32 = 14;
     pub const READ: u32 = 15;
     pub const STATFS: u32 = 17;
     pub const RELEASE: u32 = 18;
+    pub const GETXATTR: u32 = 22;
+    pub const LISTXATTR: u32 = 23;
     pub const FLUSH: u32 = 25;
     pub const INIT: u32 = 26;
     pub const OPENDIR: u32 = 27;
@@ -135,6 +138,14 @@ wire!(
     }
 );
 wire!(
+    /// `struct fuse_getxattr_in` (also `LISTXATTR`'s argument; the name follows for `GETXATTR`).
+    GetxattrIn = 8 { size: u32, padding: u32 }
+);
+wire!(
+    /// `struct fuse_getxattr_out`: the size of a value (or name list) asked for with size 0.
+    GetxattrOut = 8 { size: u32, padding: u32 }
+);
+wire!(
     /// `struct fuse_kstatfs` (`fuse_statfs_out`).
     StatfsOut = 80 {
         blocks: u64, bfree: u64, bavail: u64, files: u64, ffree: u64, bsize: u32, namelen: u32,
@@ -188,13 +199,18 @@ impl<'a> Request<'a> {
 
     /// The argument as a NUL-terminated name (`LOOKUP`).
     pub fn name(&self) -> &'a [u8] {
-        let end = self
-            .arg
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(self.arg.len());
-        &self.arg[..end]
+        nul_terminated(self.arg)
     }
+
+    /// The NUL-terminated name after a fixed argument of type `T` (`GETXATTR`).
+    pub fn name_after<T>(&self) -> &'a [u8] {
+        nul_terminated(self.arg.get(std::mem::size_of::<T>()..).unwrap_or(&[]))
+    }
+}
+
+fn nul_terminated(b: &[u8]) -> &[u8] {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    &b[..end]
 }
 
 /// The header of a reply carrying `body` bytes (or an error: negative errno and no body).

@@ -32,8 +32,21 @@ pub trait Filesystem: Send + Sync + 'static {
     fn open(&self, ino: u64, flags: u32) -> Result<u32, Errno>;
     /// Reads `size` bytes at `offset` of node `ino`; answers through `reply`, now or later.
     fn read(&self, ino: u64, offset: u64, size: u32, reply: Reply);
-    /// The entries of directory `ino` (without `.` and `..`): node id, `DT_*` kind, name.
+    /// The entries of directory `ino` (without `.` and `..`): node id, `DT_*` kind, name. The order
+    /// must be stable (a directory offset is an index into it, also for a successor server).
     fn readdir(&self, ino: u64) -> Result<Vec<(u64, u32, Vec<u8>)>, Errno>;
+    /// The target of symlink `ino`.
+    fn readlink(&self, _ino: u64) -> Result<Vec<u8>, Errno> {
+        Err(Errno::NOSYS)
+    }
+    /// The value of extended attribute `name` of `ino` (`ENODATA` when it has none).
+    fn getxattr(&self, _ino: u64, _name: &[u8]) -> Result<Vec<u8>, Errno> {
+        Err(Errno::NOSYS)
+    }
+    /// The names of `ino`'s extended attributes, each followed by a NUL.
+    fn listxattr(&self, _ino: u64) -> Result<Vec<u8>, Errno> {
+        Err(Errno::NOSYS)
+    }
 }
 
 /// Negotiated once per connection; every server proposes the same.
@@ -371,6 +384,11 @@ impl<F: Filesystem> Worker<F> {
                 Err(_) => reply.error(Errno::INVAL),
             },
             op::READDIR => self.readdir(req, reply),
+            op::READLINK => match self.fs.readlink(ino) {
+                Ok(target) => reply.data(&[&target]),
+                Err(e) => reply.error(e),
+            },
+            op::GETXATTR | op::LISTXATTR => self.xattr(req, reply),
             op::RELEASE | op::RELEASEDIR | op::FLUSH | op::ACCESS | op::DESTROY => reply.data(&[]),
             op::STATFS => {
                 let s = proto::StatfsOut {
@@ -423,6 +441,30 @@ impl<F: Filesystem> Worker<F> {
             ..Default::default()
         };
         reply.data(&[out.as_bytes()]);
+    }
+
+    /// `GETXATTR` and `LISTXATTR`: a size of 0 asks how large the value (or name list) is.
+    fn xattr(&self, req: &Request<'_>, reply: Reply) {
+        let Ok(arg) = req.arg::<proto::GetxattrIn>() else {
+            return reply.error(Errno::INVAL);
+        };
+        let ino = req.header.nodeid;
+        let value = match req.header.opcode {
+            op::GETXATTR => self.fs.getxattr(ino, req.name_after::<proto::GetxattrIn>()),
+            _ => self.fs.listxattr(ino),
+        };
+        match value {
+            Ok(v) if arg.size == 0 => {
+                let out = proto::GetxattrOut {
+                    size: v.len() as u32,
+                    padding: 0,
+                };
+                reply.data(&[out.as_bytes()]);
+            }
+            Ok(v) if v.len() > arg.size as usize => reply.error(Errno::RANGE),
+            Ok(v) => reply.data(&[&v]),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn readdir(&self, req: &Request<'_>, reply: Reply) {

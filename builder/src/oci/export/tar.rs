@@ -30,7 +30,7 @@ use tar::{EntryType, Header};
 use super::ExportError;
 use crate::erofs::format::{dev_major, dev_minor};
 use crate::erofs::reader::{ErofsImage, Inode};
-use crate::erofs::writer::ChunkLoc;
+use crate::erofs::ChunkLoc;
 
 const S_IFMT: u32 = 0o170000;
 

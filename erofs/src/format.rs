@@ -379,6 +379,9 @@ pub fn new_decode_dev(dev: u32) -> u64 {
     makedev(major, minor)
 }
 
+/// The xattr that marks an overlay opaque directory (value `y`).
+pub const OPAQUE_XATTR: &[u8] = b"trusted.overlay.opaque";
+
 /// The superblock checksum over block 0 from the superblock to the end of the block, with the checksum
 /// field taken as zero: the kernel's `crc32c(~0, ...)`, which has no final inversion.
 pub fn sb_checksum(block0_from_sb: &[u8]) -> u32 {

@@ -1,12 +1,12 @@
-//! A defensive reader of EROFS images: the subset [`super::write_image`] produces plus compact inodes,
+//! A defensive reader of EROFS images: the subset strata's writer (`strata_builder::erofs::write_image`) produces plus compact inodes,
 //! shared xattrs and 4-byte chunk block maps.
 //!
 //! Every offset read from the image is bounds-checked and every size is checked against the image before
 //! anything is allocated for it, so malformed input gives an [`ErofsError`] naming what is wrong and where,
 //! never a panic, an out-of-bounds slice, a huge allocation or an endless loop.
 
-use super::format::*;
-use super::writer::{ChunkLoc, DeviceSlot};
+use crate::device::{ChunkLoc, DeviceSlot};
+use crate::format::*;
 
 /// One extended attribute: full name and value.
 type Xattr = (Vec<u8>, Vec<u8>);
@@ -99,18 +99,6 @@ pub struct Inode {
 }
 
 impl Inode {
-    /// The metadata a source entry for this inode carries (permission bits, owner, times, xattrs).
-    pub fn meta(&self) -> crate::tree::Meta {
-        crate::tree::Meta {
-            perm: self.mode & 0o7777,
-            uid: self.uid,
-            gid: self.gid,
-            mtime: self.mtime,
-            mtime_nsec: self.mtime_nsec,
-            xattrs: self.xattrs.clone(),
-        }
-    }
-
     pub fn is_dir(&self) -> bool {
         self.mode & 0o170000 == 0o040000
     }
@@ -124,7 +112,7 @@ impl Inode {
     pub fn is_opaque(&self) -> bool {
         self.xattrs
             .iter()
-            .any(|(k, v)| k == crate::tree::OPAQUE_XATTR && v == b"y")
+            .any(|(k, v)| k == OPAQUE_XATTR && v == b"y")
     }
 
     /// The dirent file type (`FT_*`) of this inode's mode.
@@ -138,7 +126,7 @@ impl Inode {
 pub struct DirEntry {
     pub name: Vec<u8>,
     pub nid: u64,
-    /// `FT_*` from [`super::format`].
+    /// `FT_*` from [`crate::format`].
     pub file_type: u8,
 }
 
@@ -481,6 +469,17 @@ impl ErofsImage {
 
     /// The chunk locations of a chunk-based file, in order; `None` is a hole. Device 0 is the image itself.
     pub fn chunks(&self, inode: &Inode) -> Result<Vec<Option<ChunkLoc>>, ErofsError> {
+        let count = inode.size.div_ceil(1u64 << inode.chunk_bits.min(63));
+        self.chunk_range(inode, 0..count)
+    }
+
+    /// The locations of chunks `range` of a chunk-based file (clipped to its chunk count), without
+    /// decoding the rest of its index: what a read of a few chunks of a large file needs.
+    pub fn chunk_range(
+        &self,
+        inode: &Inode,
+        range: std::ops::Range<u64>,
+    ) -> Result<Vec<Option<ChunkLoc>>, ErofsError> {
         let nid = inode.nid;
         if inode.layout != Layout::ChunkBased {
             return Err(bad(
@@ -488,16 +487,18 @@ impl ErofsImage {
                 format!("{:?} inode is not chunk-based", inode.layout),
             ));
         }
-        let count = inode.size.div_ceil(1u64 << inode.chunk_bits);
+        let count = inode.size.div_ceil(1u64 << inode.chunk_bits.min(63));
+        let (first, end) = (range.start.min(count), range.end.min(count));
         let indexes = (inode.raw_u as u16) & CHUNK_FORMAT_INDEXES != 0;
         let unit: u64 = if indexes { 8 } else { 4 };
-        let start = align_up(inode.tail_offset, unit);
-        let len = count
+        let start = align_up(inode.tail_offset, unit) + first * unit;
+        let len = (end.saturating_sub(first))
             .checked_mul(unit)
             .ok_or_else(|| bad(nid, "chunk count overflows"))?;
         let table = self.slice("chunk indexes", start, len)?;
         let mut out = Vec::with_capacity(count as usize);
         for (k, raw) in table.chunks_exact(unit as usize).enumerate() {
+            let k = first + k as u64;
             if indexes {
                 let ci =
                     ChunkIndex::read(raw, 0).ok_or_else(|| bad(nid, "truncated chunk index"))?;
@@ -648,143 +649,4 @@ fn decode_xattr(nid: u64, buf: &[u8], pos: usize) -> Result<(Xattr, usize), Erof
     name.extend_from_slice(&buf[name_start..value_start]);
     let value = buf[value_start..end].to_vec();
     Ok(((name, value), align_up(end as u64, 4) as usize))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::HashSet;
-
-    use super::*;
-    use crate::erofs::tests::{sample_tree, Chunks};
-
-    /// Reads everything reachable; any `Err` is fine, a panic is not. Bounded by a visited set. Returns
-    /// how many inodes decoded.
-    fn exercise(bytes: Vec<u8>) -> usize {
-        let Ok(img) = ErofsImage::parse(bytes) else {
-            return 0;
-        };
-        let _ = img.lookup(b"etc/passwd");
-        let _ = img.lookup(b"a/../../b/./c");
-        let mut seen = HashSet::new();
-        let mut stack = vec![img.root_nid()];
-        while let Some(nid) = stack.pop() {
-            if !seen.insert(nid) || seen.len() > 1000 {
-                continue;
-            }
-            let Ok(ino) = img.inode(nid) else { continue };
-            let _ = img.data(&ino);
-            let _ = img.chunks(&ino);
-            if let Ok(entries) = img.read_dir(&ino) {
-                stack.extend(entries.iter().map(|e| e.nid));
-            }
-        }
-        seen.len()
-    }
-
-    fn valid_image() -> Vec<u8> {
-        let mut chunks = Chunks::new();
-        let mut tree = sample_tree(&mut chunks);
-        // Keep the image small so that every byte can be flipped.
-        for name in [b"sizes".as_slice(), b"longlink"] {
-            if let crate::tree::NodeKind::Dir(c) = &mut tree.nodes[0].kind {
-                c.remove(name);
-            }
-        }
-        chunks.write(&tree, 20).expect("write")
-    }
-
-    #[test]
-    fn truncation_never_panics() {
-        let img = valid_image();
-        for len in (0..img.len())
-            .step_by(7)
-            .chain([1023, 1024, 1151, 1152, 4095, 4096])
-        {
-            let _ = exercise(img[..len.min(img.len())].to_vec());
-        }
-    }
-
-    #[test]
-    fn flipped_bytes_never_panic() {
-        let img = valid_image();
-        let full = exercise(img.clone());
-        assert!(full > 15, "the valid image has {full} inodes");
-        let mut decoded = 0;
-        for at in 0..img.len() {
-            for mask in [0x01u8, 0x80, 0xff] {
-                let mut bad = img.clone();
-                bad[at] ^= mask;
-                if (SUPER_OFFSET..BLKSZ).contains(&at) {
-                    // Re-seal the checksum so that the superblock's other fields get exercised too.
-                    let mut sb = SuperBlock::read(&bad, SUPER_OFFSET).expect("sb");
-                    sb.checksum = sb_checksum(&bad[SUPER_OFFSET..BLKSZ]);
-                    let off = SUPER_OFFSET + 4;
-                    if at < off || at >= off + 4 {
-                        sb.write_to(&mut bad, SUPER_OFFSET);
-                    }
-                }
-                decoded += exercise(bad);
-            }
-        }
-        // Most flips leave most of the tree readable: the test reaches deep into the reader.
-        assert!(
-            decoded > img.len() * 3 * full / 2,
-            "{decoded} inodes decoded"
-        );
-    }
-
-    #[test]
-    fn hostile_values() {
-        let img = valid_image();
-        let reseal = |mut b: Vec<u8>| {
-            let mut sb = SuperBlock::read(&b, SUPER_OFFSET).expect("sb");
-            sb.checksum = sb_checksum(&b[SUPER_OFFSET..BLKSZ]);
-            sb.write_to(&mut b, SUPER_OFFSET);
-            b
-        };
-        let base = ErofsImage::parse(img.clone()).expect("valid");
-        let meta = u64::from(base.superblock().meta_blkaddr) * 4096;
-        // Huge sizes, nids and block addresses in every inode field.
-        let mut nids = Vec::new();
-        let mut stack = vec![base.root_nid()];
-        while let Some(nid) = stack.pop() {
-            nids.push(nid);
-            if let Ok(ino) = base.inode(nid) {
-                if let Ok(es) = base.read_dir(&ino) {
-                    stack.extend(es.iter().filter(|e| !nids.contains(&e.nid)).map(|e| e.nid));
-                }
-            }
-        }
-        for nid in nids {
-            let at = (meta + nid * 32) as usize;
-            for field in [2usize, 4, 6, 8, 12, 16, 20, 24, 40, 48] {
-                for v in [0u8, 0x7f, 0xff] {
-                    let mut bad = img.clone();
-                    for b in &mut bad[at + field..at + field + 4] {
-                        *b = v;
-                    }
-                    let _ = exercise(bad);
-                }
-            }
-        }
-        // Superblock fields set to extremes.
-        for field in [12usize, 13, 14, 36, 40, 44, 80, 86, 88, 90] {
-            for v in [0u8, 1, 0x7f, 0xff] {
-                let mut bad = img.clone();
-                bad[SUPER_OFFSET + field] = v;
-                bad[SUPER_OFFSET + field + 1] = v;
-                let _ = exercise(reseal(bad));
-            }
-        }
-        assert!(matches!(
-            ErofsImage::parse(vec![0; 100]),
-            Err(ErofsError::TooShort { .. })
-        ));
-        let mut bad = img.clone();
-        bad[SUPER_OFFSET + 40] ^= 1;
-        assert!(matches!(
-            ErofsImage::parse(bad),
-            Err(ErofsError::Checksum { .. })
-        ));
-    }
 }
