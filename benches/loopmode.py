@@ -9,12 +9,15 @@ alternating the setups in every round:
          dropped (metadata only: every lookup and readdir from the layer's local metadata)
 
 usage: sudo benches/loopmode.py prepare | run ROUNDS
-Data in $BENCH_DATA (default /var/tmp/strata-bench-loop); release binaries from $CARGO_TARGET_DIR.
+Data in $BENCH_DATA (default /var/tmp/strata-bench-loop); release binaries from $CARGO_TARGET_DIR (or
+$STRATA and $STRATAD).
 """
 import os, statistics, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stratad  # noqa: E402
+
+stratad.BIN["strata"] = os.environ.get("STRATA", stratad.BIN["strata"])
 
 D = os.environ.get("BENCH_DATA", "/var/tmp/strata-bench-loop")
 STORE = f"file://{D}/store"

@@ -132,7 +132,7 @@ pub struct PassedOver {
 /// No mode to run in.
 #[derive(Debug, thiserror::Error)]
 pub enum ModeError {
-    #[error("mount mode {mode} does not work on this kernel ({kernel}): {reason}")]
+    #[error("mount mode {mode} cannot run here (kernel {kernel}): {reason}")]
     Forced {
         mode: MountMode,
         kernel: String,
@@ -451,7 +451,7 @@ mod tests {
         assert_eq!(r.mode, None);
         let e = r.usable().unwrap_err().to_string();
         assert!(
-            e.starts_with("mount mode file does not work") && e.contains("ENOTBLK"),
+            e.starts_with("mount mode file cannot run here") && e.contains("ENOTBLK"),
             "{e}"
         );
         // Forcing the mode not built yet is refused cleanly, whatever else works.

@@ -115,6 +115,11 @@ pub fn mount_erofs_with(
     directio: bool,
 ) -> Result<(), MountError> {
     let mnt = erofs_mount_fd(meta, devices, directio)?;
+    attach(&mnt, target)
+}
+
+/// Attaches the detached mount `mnt` at `target`.
+fn attach(mnt: &OwnedFd, target: &Path) -> Result<(), MountError> {
     move_mount(
         mnt.as_fd(),
         "",
@@ -122,8 +127,7 @@ pub fn mount_erofs_with(
         target,
         MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
     )
-    .map_err(|e| fail("move_mount", target, e, None))?;
-    Ok(())
+    .map_err(|e| fail("move_mount", target, e, None))
 }
 
 /// Whether the kernel mounts EROFS image `source` (a file or a block device) with `devices`: the
@@ -209,13 +213,5 @@ pub fn mount_overlay(
     fsconfig_create(fs_fd.as_fd()).map_err(|e| fail("fsconfig create", target, e, Some(&fs_fd)))?;
     let mnt = fsmount(fs_fd.as_fd(), FsMountFlags::FSMOUNT_CLOEXEC, untrusted())
         .map_err(|e| fail("fsmount overlay", target, e, Some(&fs_fd)))?;
-    move_mount(
-        mnt.as_fd(),
-        "",
-        CWD,
-        target,
-        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-    )
-    .map_err(|e| fail("move_mount", target, e, None))?;
-    Ok(())
+    attach(&mnt, target)
 }
