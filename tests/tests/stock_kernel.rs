@@ -80,7 +80,12 @@ fn upper_layer(base: &Path, expected: &Path, tar: &Path) {
         ("etc/added", b"added above\n".to_vec(), 0o600, 1234),
         ("etc/small.conf", vec![b'y'; 5000], 0o644, 0),
         ("etc/empty-added", Vec::new(), 0o644, 0),
-        ("deep/new", b"under an opaque directory\n".to_vec(), 0o640, 0),
+        (
+            "deep/new",
+            b"under an opaque directory\n".to_vec(),
+            0o640,
+            0,
+        ),
     ];
     for (name, data, mode, uid) in &files {
         adds += &format!("add('./{name}', {data:?}, mode={mode}, uid={uid}, gid={uid})\n");
@@ -100,7 +105,9 @@ with tarfile.open({tar:?}, "w", format=tarfile.PAX_FORMAT) as tf:
     add('./deep/.wh..wh..opq')
 {adds}"#,
         tar = tar.display().to_string(),
-        adds = adds.replace("\nadd", "\n    add").replacen("add", "    add", 1),
+        adds = adds
+            .replace("\nadd", "\n    add")
+            .replacen("add", "    add", 1),
     );
     run(Command::new("python3").args(["-c", &py]));
     // The same changes to the copy.
@@ -167,7 +174,15 @@ fn data_tree(work: &Path, data: &Path) {
         "--json",
     ]));
     let upper = upper["digest"].as_str().expect("digest");
-    store.ok(&["compose", "--base", &lower, "--toolkit", upper, "-t", "stock:v1"]);
+    store.ok(&[
+        "compose",
+        "--base",
+        &lower,
+        "--toolkit",
+        upper,
+        "-t",
+        "stock:v1",
+    ]);
     store.ok(&[
         "materialize",
         &lower,
@@ -209,7 +224,14 @@ fn ext4_image(data: &Path, img: &Path) {
 fn host_khz() -> u64 {
     let info = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
     info.lines()
-        .find_map(|l| l.strip_prefix("cpu MHz")?.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .find_map(|l| {
+            l.strip_prefix("cpu MHz")?
+                .split(':')
+                .nth(1)?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
         .map_or(2_000_000, |mhz| (mhz * 1000.0) as u64)
 }
 
@@ -261,8 +283,13 @@ fn debian_12_stock_kernel_runs_stratad_in_loop_mode_through_kill_9() {
     );
     let tail: Vec<&str> = console.lines().rev().take(60).collect();
     let tail = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
+    let fails: Vec<&str> = console
+        .lines()
+        .filter(|l| l.starts_with("strata-61: FAIL"))
+        .collect();
     assert!(
         code == 0 && console.contains("strata-61: PASS"),
-        "the guest ended with {code}:\n{tail}"
+        "the guest ended with {code}:\n{}\n\nconsole tail:\n{tail}",
+        fails.join("\n")
     );
 }
