@@ -70,7 +70,7 @@ fn upper_layer(base: &Path, expected: &Path, tar: &Path) {
     for d in dirs {
         let m = std::fs::metadata(base.join(d)).expect("dir");
         adds += &format!(
-            "add('./{d}/', type=tarfile.DIRTYPE, mode={}, uid={}, gid={})\n",
+            "    add('./{d}/', type=tarfile.DIRTYPE, mode={}, uid={}, gid={})\n",
             m.mode() & 0o7777,
             m.uid(),
             m.gid()
@@ -88,7 +88,7 @@ fn upper_layer(base: &Path, expected: &Path, tar: &Path) {
         ),
     ];
     for (name, data, mode, uid) in &files {
-        adds += &format!("add('./{name}', {data:?}, mode={mode}, uid={uid}, gid={uid})\n");
+        adds += &format!("    add('./{name}', {data:?}, mode={mode}, uid={uid}, gid={uid})\n");
     }
     let py = format!(
         r#"
@@ -105,9 +105,6 @@ with tarfile.open({tar:?}, "w", format=tarfile.PAX_FORMAT) as tf:
     add('./deep/.wh..wh..opq')
 {adds}"#,
         tar = tar.display().to_string(),
-        adds = adds
-            .replace("\nadd", "\n    add")
-            .replacen("add", "    add", 1),
     );
     run(Command::new("python3").args(["-c", &py]));
     // The same changes to the copy.
