@@ -419,6 +419,13 @@ mod tests {
         assert_eq!(c.max_fetch_span, Some(4 << 20));
         assert_eq!(c.prefetch_rate, 1 << 20);
         assert_eq!(c.metadata_cache_size, 3 << 29);
+        std::fs::write(&path, "mount_mode = \"loop\"\nloop_direct_io = false\n").unwrap();
+        let c = read_config(&path, true).unwrap();
+        assert_eq!(c.mount_mode, ModeRequest::Loop);
+        assert!(!c.loop_direct_io);
+        assert_eq!(Config::default().mount_mode, ModeRequest::Auto);
+        std::fs::write(&path, "mount_mode = \"block\"\n").unwrap();
+        assert!(read_config(&path, true).is_err());
         std::fs::write(&path, "cache_size = \"lots\"\n").unwrap();
         let e = read_config(&path, true).unwrap_err();
         assert!(format!("{e:#}").contains("lots"), "{e:#}");
