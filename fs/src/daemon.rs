@@ -405,6 +405,7 @@ impl Daemon {
             }
         }
         *d.fuse.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
+        d.remount_held_layers();
         Ok(d)
     }
 
