@@ -70,8 +70,12 @@ fn read_holds(dir: &Path) -> Vec<Hold> {
         }
         match std::fs::read(&p).map(|b| serde_json::from_slice::<Hold>(&b)) {
             Ok(Ok(h)) => holds.push(h),
-            Ok(Err(e)) => tracing::error!(path = %p.display(), error = %e, "layer hold unreadable: kept"),
-            Err(e) => tracing::error!(path = %p.display(), error = %e, "layer hold unreadable: kept"),
+            Ok(Err(e)) => {
+                tracing::error!(path = %p.display(), error = %e, "layer hold unreadable: kept")
+            }
+            Err(e) => {
+                tracing::error!(path = %p.display(), error = %e, "layer hold unreadable: kept")
+            }
         }
     }
     holds.sort_by(|a, b| (&a.holder, a.digest).cmp(&(&b.holder, b.digest)));
@@ -93,7 +97,9 @@ impl Daemon {
                 "holder must be 1 to {MAX_HOLDER} bytes without NUL"
             )));
         }
-        if let Some(s) = store.filter(|s| s.trim_end_matches('/') != self.config.store.trim_end_matches('/')) {
+        if let Some(s) =
+            store.filter(|s| s.trim_end_matches('/') != self.config.store.trim_end_matches('/'))
+        {
             // Layers are named by their content: this store's copy, if it has one, is the same layer.
             tracing::debug!(layer = %digest, asked = s, serving = self.config.store,
                 "layer asked for from another store: looking in this one");
@@ -277,10 +283,7 @@ mod tests {
     #[test]
     fn holder_names_round_trip_through_a_query() {
         for name in ["snapshotter:default/12/sha256:ab cd", "a+b%c", "é"] {
-            assert_eq!(
-                percent_decode(&percent_encode(name)).as_deref(),
-                Some(name)
-            );
+            assert_eq!(percent_decode(&percent_encode(name)).as_deref(), Some(name));
         }
         assert_eq!(percent_decode("%4"), None);
         assert_eq!(percent_decode("%zz"), None);

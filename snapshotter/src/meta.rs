@@ -113,8 +113,12 @@ impl Meta {
             }
             match std::fs::read(&p).map(|b| serde_json::from_slice::<Record>(&b)) {
                 Ok(Ok(r)) => loaded.push(r),
-                Ok(Err(e)) => tracing::error!(path = %p.display(), error = %e, "snapshot record unreadable: kept, not listed"),
-                Err(e) => tracing::error!(path = %p.display(), error = %e, "snapshot record unreadable: kept, not listed"),
+                Ok(Err(e)) => {
+                    tracing::error!(path = %p.display(), error = %e, "snapshot record unreadable: kept, not listed")
+                }
+                Err(e) => {
+                    tracing::error!(path = %p.display(), error = %e, "snapshot record unreadable: kept, not listed")
+                }
             }
         }
         let mut meta = Meta {
@@ -144,7 +148,9 @@ impl Meta {
 
     fn record_path(&self, key: &str) -> PathBuf {
         let name = Digest::of(key.as_bytes());
-        self.root.join("metadata").join(format!("{}.json", name.hex()))
+        self.root
+            .join("metadata")
+            .join(format!("{}.json", name.hex()))
     }
 
     fn delete_file(&self, key: &str) -> Result<(), MetaError> {

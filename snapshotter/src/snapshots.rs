@@ -181,7 +181,11 @@ impl Snapshots {
             return Ok(Some(target.clone()));
         }
         let Ok(digest) = layer.parse::<Digest>() else {
-            tracing::warn!(key, layer, "bad strata layer label: unpacking the layer instead");
+            tracing::warn!(
+                key,
+                layer,
+                "bad strata layer label: unpacking the layer instead"
+            );
             return Ok(None);
         };
         let store = labels.get(STORE_LABEL).map(String::as_str);
@@ -357,7 +361,10 @@ impl Snapshots {
         for r in m.all() {
             let Some(l) = &r.layer else { continue };
             let name = holder(&r.key);
-            if !holds.iter().any(|h| h.holder == name && h.digest == l.digest) {
+            if !holds
+                .iter()
+                .any(|h| h.holder == name && h.digest == l.digest)
+            {
                 let path = self.layers.hold(&l.digest, &name, None)?;
                 if path != l.path {
                     tracing::warn!(snapshot = r.key, was = %l.path.display(), now = %path.display(),

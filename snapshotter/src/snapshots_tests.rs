@@ -103,7 +103,12 @@ fn a_layer_stratad_cannot_serve_falls_back_to_unpacking() {
     };
     let s = open(t.path(), layers);
     let m = s
-        .prepare("extract-a", "", strata_labels("chain1", &Digest::of(b"x")), false)
+        .prepare(
+            "extract-a",
+            "",
+            strata_labels("chain1", &Digest::of(b"x")),
+            false,
+        )
         .unwrap();
     assert_eq!(m[0].kind, "bind");
 }
@@ -126,7 +131,10 @@ fn snapshots_survive_a_restart_and_holds_are_reconciled() {
     assert_eq!(s.reconcile().unwrap(), (1, 1));
     let h = layers.holds().unwrap();
     assert_eq!(h.len(), 1);
-    assert_eq!((h[0].digest, h[0].holder.as_str()), (d, "snapshotter:chain1"));
+    assert_eq!(
+        (h[0].digest, h[0].holder.as_str()),
+        (d, "snapshotter:chain1")
+    );
     assert_eq!(s.stat("ctr").unwrap().parent, "chain1");
     assert_eq!(s.list().len(), 2);
 }
@@ -144,7 +152,10 @@ fn labels_update_by_field_and_views_are_read_only() {
     let v = s.prepare("v", "c", BTreeMap::new(), true).unwrap();
     assert_eq!(v[0].kind, "bind");
     assert!(v[0].options.contains(&"ro".to_string()));
-    assert!(matches!(s.mounts("c"), Err(SnapError::FailedPrecondition(_))));
+    assert!(matches!(
+        s.mounts("c"),
+        Err(SnapError::FailedPrecondition(_))
+    ));
     s.remove("v").unwrap();
     s.cleanup();
     assert_eq!(s.usage("c").unwrap().1, 0);

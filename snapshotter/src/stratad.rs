@@ -37,8 +37,12 @@ pub struct Hold {
 /// What the snapshotter needs of stratad.
 pub trait LayerService: Send + Sync {
     /// Takes (or finds) `holder`'s hold on layer `digest`: its mount point.
-    fn hold(&self, digest: &Digest, holder: &str, store: Option<&str>)
-        -> Result<PathBuf, LayerError>;
+    fn hold(
+        &self,
+        digest: &Digest,
+        holder: &str,
+        store: Option<&str>,
+    ) -> Result<PathBuf, LayerError>;
     /// Drops a hold; a hold that does not exist is not an error.
     fn release(&self, digest: &Digest, holder: &str) -> Result<(), LayerError>;
     /// Every hold on the node.

@@ -186,7 +186,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         // Ready when it answers.
         let start = Instant::now();
         while !c.ctr("default", &["version"]).status.success() {
-            assert!(start.elapsed() < Duration::from_secs(30), "containerd not answering");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "containerd not answering"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         c
@@ -219,7 +222,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     /// The end of containerd's log (for failure messages).
     pub fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default();
+        let log =
+            std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
     }

@@ -115,7 +115,9 @@ impl Need {
                 "qemu-system-x86_64 and mkfs.ext4 (apt-get install qemu-system-x86 e2fsprogs)"
             }
             Need::Registry => "docker-registry, skopeo and htpasswd (scripts/setup installs them)",
-            Need::Containerd => "containerd, ctr and containerd-shim-runc-v2 (scripts/setup installs them)",
+            Need::Containerd => {
+                "containerd, ctr and containerd-shim-runc-v2 (scripts/setup installs them)"
+            }
         }
     }
 

@@ -18,12 +18,23 @@ use strata_tests::{busybox_rootfs, can_mount, json, random_bytes, scratch, Daemo
 /// a cold 12 MiB file no test reads), exports it to a layout (strata annotations unless `plain`) and
 /// pushes it as `repo`; returns the exported layer digests (the registry's blobs).
 fn publish(store: &StoreEnv, registry: &Registry, repo: &str, plain: bool) -> Vec<String> {
-    if store.run(&["inspect", "ctd/app:v1", "--json"]).status.success() {
+    if store
+        .run(&["inspect", "ctd/app:v1", "--json"])
+        .status
+        .success()
+    {
         return export(store, registry, repo, plain);
     }
     let base = scratch("ctd-base");
     busybox_rootfs(base.path());
-    store.ok(&["build", p(base.path()), "-t", "ctd/base:v1", "--env", "PATH=/bin"]);
+    store.ok(&[
+        "build",
+        p(base.path()),
+        "-t",
+        "ctd/base:v1",
+        "--env",
+        "PATH=/bin",
+    ]);
     let data = scratch("ctd-data");
     let d = data.path().join("data");
     std::fs::create_dir_all(&d).expect("mkdir");
@@ -33,7 +44,15 @@ fn publish(store: &StoreEnv, registry: &Registry, repo: &str, plain: bool) -> Ve
     }
     std::fs::write(d.join("cold.bin"), random_bytes(12 << 20, 999)).expect("write");
     let layer = store.ok(&["build", p(data.path()), "--kind", "workspace"]);
-    store.ok(&["compose", "--base", "ctd/base:v1", "--workspace", &layer, "-t", "ctd/app:v1"]);
+    store.ok(&[
+        "compose",
+        "--base",
+        "ctd/base:v1",
+        "--workspace",
+        &layer,
+        "-t",
+        "ctd/app:v1",
+    ]);
     export(store, registry, repo, plain)
 }
 
@@ -158,10 +177,16 @@ fn strata_images_run_lazily_beside_plain_ones_and_gc_releases_their_layers() {
     );
     let h = holds(&n.d);
     assert_eq!(h.len(), 2, "one hold per layer: {h:?}");
-    assert!(h.iter().all(|h| h["holder"].as_str().unwrap_or("").starts_with("snapshotter:")));
+    assert!(h.iter().all(|h| h["holder"]
+        .as_str()
+        .unwrap_or("")
+        .starts_with("snapshotter:")));
     let content = n.ctd.ok("k8s.io", &["content", "ls", "-q"]);
     for l in &lazy_layers {
-        assert!(!content.contains(l.as_str()), "layer {l} reached the content store:\n{content}");
+        assert!(
+            !content.contains(l.as_str()),
+            "layer {l} reached the content store:\n{content}"
+        );
     }
     let got = run(&n, "k8s.io", &lazy, "lazy1", &["cat", "/data/hello.txt"]);
     assert_eq!(got, "hello from strata\n");
@@ -172,13 +197,33 @@ fn strata_images_run_lazily_beside_plain_ones_and_gc_releases_their_layers() {
 
     // A plain image through the same pull and snapshotter: unpacked into overlay snapshots.
     let out = n.snap.pull(&n.ctd, &plain);
-    assert!(out.status.success(), "plain pull: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "plain pull: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(holds(&n.d).len(), 2, "a plain image takes no strata layer");
-    let got = run(&n, "k8s.io", &plain, "plain1", &["cat", "/data/f007"]);
-    assert_eq!(got.len(), 64 << 10);
+    let got = run(
+        &n,
+        "k8s.io",
+        &plain,
+        "plain1",
+        &["sh", "-c", "wc -c < /data/f007"],
+    );
+    assert_eq!(got.trim(), "65536");
 
     // `ctr image pull` (downloads everything, passes no labels): still runs on this snapshotter.
-    n.ctd.ok("default", &["image", "pull", "--plain-http", "--snapshotter", "strata", &lazy]);
+    n.ctd.ok(
+        "default",
+        &[
+            "image",
+            "pull",
+            "--plain-http",
+            "--snapshotter",
+            "strata",
+            &lazy,
+        ],
+    );
     let got = run(&n, "default", &lazy, "ctr1", &["cat", "/data/hello.txt"]);
     assert_eq!(got, "hello from strata\n");
 
@@ -191,7 +236,11 @@ fn strata_images_run_lazily_beside_plain_ones_and_gc_releases_their_layers() {
         holds(&n.d).is_empty()
     });
     let layers_dir = n.d.runtime.join("layers");
-    let left: Vec<String> = n.d.mounts().into_iter().filter(|m| Path::new(m).starts_with(&layers_dir)).collect();
+    let left: Vec<String> =
+        n.d.mounts()
+            .into_iter()
+            .filter(|m| Path::new(m).starts_with(&layers_dir))
+            .collect();
     assert!(left.is_empty(), "layer mounts left after GC: {left:?}");
     eprintln!("containerd test took {:?}", started.elapsed());
 }
@@ -202,7 +251,11 @@ fn containers_keep_reading_while_the_snapshotter_and_stratad_restart() {
     publish(&n.store, &n.registry, "lazy/app", false);
     let lazy = format!("{}/lazy/app:v1", n.registry.host());
     let out = n.snap.pull(&n.ctd, &lazy);
-    assert!(out.status.success(), "pull: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "pull: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     drop_caches();
     // Each file read once, 50 ms apart: first reads, through stratad, across both restarts.
     let script = "n=0; for f in /data/f*; do if cat $f > /dev/null; then n=$((n+1)); \
@@ -228,7 +281,11 @@ fn containers_keep_reading_while_the_snapshotter_and_stratad_restart() {
     n.d.wait_new_server(old);
     let out = reader.wait_with_output().expect("reader");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "reader: {text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "reader: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!text.contains("FAIL"), "reads failed: {text}");
     assert!(text.contains("READ 100"), "{text}");
 

@@ -64,7 +64,11 @@ async fn connect(socket: &Path) -> Result<Channel, PullError> {
     let path = socket.to_path_buf();
     let connector = tower::service_fn(move |_: tonic::transport::Uri| {
         let path = path.clone();
-        async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
+        async move {
+            tokio::net::UnixStream::connect(path)
+                .await
+                .map(TokioIo::new)
+        }
     });
     // The URI is not used: every connection goes to the socket.
     Endpoint::from_static("http://containerd")
@@ -93,9 +97,8 @@ pub async fn pull(
         }),
         auth: auth.map(|(username, password)| AuthConfig { username, password }),
     };
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
-        "/runtime.v1.ImageService/PullImage",
-    );
+    let path =
+        tonic::codegen::http::uri::PathAndQuery::from_static("/runtime.v1.ImageService/PullImage");
     let codec = tonic_prost::ProstCodec::<PullImageRequest, PullImageResponse>::default();
     let reply = grpc
         .unary(tonic::Request::new(req), path, codec)
