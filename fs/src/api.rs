@@ -114,11 +114,11 @@ impl ErrorKind {
 }
 
 /// An error reply: its status and JSON body.
-fn failure(status: u16, kind: ErrorKind, message: &str) -> (u16, Value) {
+pub(crate) fn failure(status: u16, kind: ErrorKind, message: &str) -> (u16, Value) {
     (status, json!({"error": message, "kind": kind}))
 }
 
-fn error_json(e: &DaemonError) -> (u16, Value) {
+pub(crate) fn error_json(e: &DaemonError) -> (u16, Value) {
     failure(e.status(), e.kind(), &e.to_string())
 }
 
@@ -226,6 +226,11 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
                 Ok(s) => (201, sandbox_with_process(d, &s)),
                 Err(e) => error_json(&e),
             })
+        }
+        ("GET", ["v1", "layers"]) => json_reply((200, json!(d.holds()))),
+        ("POST", ["v1", "layers"]) => json_reply(crate::layers::hold_route(d, &req.body)),
+        ("DELETE", ["v1", "layers", digest]) => {
+            json_reply(crate::layers::release_route(d, digest, query))
         }
         ("POST", ["v1", "trace", "start"]) => json_reply(match d.trace_start() {
             true => (200, json!({"tracing": true})),

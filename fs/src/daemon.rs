@@ -438,6 +438,7 @@ impl Daemon {
         let session = Session::start(d.chan.clone(), Arc::new(fs), d.config.fuse_threads, opts)
             .map_err(|e| io(&d.config.runtime_dir, e))?;
         *d.fuse.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
+        d.remount_held_layers();
         Ok(d)
     }
 

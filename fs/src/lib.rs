@@ -7,7 +7,8 @@
 //! read of a blob file is
 //! served from the chunk [`cache`] on a FUSE worker, or, when it must fetch, by the [`fetch`]er on the
 //! blob's own threads ([`slowread`]) under a deadline — verified either way. Each sandbox gets an overlay
-//! of its image's layers ([`sandboxes`]). The node's state ([`state`]) is on disk, so a successor
+//! of its image's layers ([`sandboxes`]); [`layers`] hands out the layer mounts alone, under named holds
+//! (what a containerd snapshotter uses). The node's state ([`state`]) is on disk, so a successor
 //! serving the same FUSE connection — or a daemon restarted after the node died — knows every sandbox.
 //! [`warming`] fetches an image's prefetch plan in the background when it is mounted. [`api`] is the
 //! control socket, [`metrics`] what it exports; [`process`] is what an image's config starts in a
@@ -22,6 +23,7 @@ pub mod daemon;
 pub mod fetch;
 pub mod fuse;
 pub mod kernelcheck;
+pub mod layers;
 pub mod loopdev;
 pub mod loops;
 pub mod metadir;

@@ -344,6 +344,7 @@ impl Daemon {
             }
             st.sandboxes.insert(sb.id.clone(), sb);
         }
+        self.count_holds(&mut refs);
         self.restore_vm_layers(&mut st, vm_refs);
         for (d, n) in refs {
             match self.serve_layer(&d) {

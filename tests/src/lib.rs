@@ -2,6 +2,7 @@
 //! generator of trees holding every kind of entry and metadata, and an entry-by-entry snapshot of a tree
 //! for comparing a source with what the kernel (or `strata ls`/`cat`) shows.
 
+pub mod containerd;
 mod daemon;
 pub mod hostile;
 pub mod oci;
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 
 /// A binary of this package, next to the running test executable's `deps/` directory (cargo builds
 /// a package's binaries before running its integration tests).
-fn sibling_bin(name: &str) -> PathBuf {
+pub(crate) fn sibling_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe
         .parent()
@@ -88,6 +89,8 @@ pub enum Need {
     Qemu,
     /// A registry on loopback: `docker-registry`, `skopeo` and `htpasswd`.
     Registry,
+    /// containerd 1.6+, `ctr` and the runc shim (`apt-get install containerd`).
+    Containerd,
 }
 
 /// True when `program --version` (or `--help`) runs.
@@ -117,6 +120,9 @@ impl Need {
                 "qemu-system-x86_64 and mkfs.ext4 (apt-get install qemu-system-x86 e2fsprogs)"
             }
             Need::Registry => "docker-registry, skopeo and htpasswd (scripts/setup installs them)",
+            Need::Containerd => {
+                "containerd, ctr and containerd-shim-runc-v2 (scripts/setup installs them)"
+            }
         }
     }
 
@@ -142,6 +148,9 @@ impl Need {
             }
             Need::Registry => {
                 runs("docker-registry") && runs("skopeo") && Path::new("/usr/bin/htpasswd").exists()
+            }
+            Need::Containerd => {
+                runs("containerd") && runs("ctr") && runs("containerd-shim-runc-v2") && runs("runc")
             }
         }
     }

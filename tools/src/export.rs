@@ -1,6 +1,8 @@
 //! `strata export IMAGE oci:DIR[:REF]`: a strata image as an OCI image layout
 //! ([`strata_builder::oci::export`]: one tar layer per strata layer, whiteouts in the OCI form, the image
 //! config), which `umoci unpack` and `skopeo copy oci:DIR:REF …` read. `REF` defaults to `latest`.
+//! Each layer descriptor names its strata layer and this store in annotations for strata's
+//! containerd snapshotter (`docs/CONTAINERD.md`), unless `--no-strata-annotations`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -35,6 +37,10 @@ pub struct ExportArgs {
     pub compress: Compression,
     #[arg(long)]
     pub json: bool,
+    /// Leave out strata's layer annotations (`containerd.io/snapshot/strata.layer` and `.store`,
+    /// which let strata's containerd snapshotter mount the layers lazily).
+    #[arg(long)]
+    pub no_strata_annotations: bool,
 }
 
 fn parse_compression(s: &str) -> Result<Compression, String> {
@@ -80,6 +86,7 @@ pub fn export(store: &Store, a: ExportArgs) -> Result<()> {
     };
     let opts = ExportOptions {
         compression: a.compress,
+        strata_store: (!a.no_strata_annotations).then(|| store.url().to_string()),
         ..Default::default()
     };
     let out = crate::progress::watch(

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use sha2::{Digest as _, Sha256};
+use strata_registry::digest::Digest;
 use strata_registry::model::{ImageConfig, Manifest};
 use strata_registry::store::{Store, StoreError};
 
@@ -269,6 +270,34 @@ pub struct ExportOptions {
     pub compression: Compression,
     /// Bytes of file data written so far (for progress displays).
     pub progress: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The URL of the store the image lives in: when set, each layer descriptor carries strata's
+    /// annotations ([`LAYER_ANNOTATION`], [`STORE_ANNOTATION`]) so that strata's containerd
+    /// snapshotter mounts the layer from the store instead of unpacking its tar (which stays an
+    /// ordinary OCI layer for every other runtime).
+    pub strata_store: Option<String>,
+}
+
+/// The strata layer a descriptor's tar was exported from. Under `containerd.io/snapshot/`: the only
+/// descriptor annotations containerd's unpacker passes to a snapshotter's `Prepare`.
+pub const LAYER_ANNOTATION: &str = "containerd.io/snapshot/strata.layer";
+/// The store holding that layer.
+pub const STORE_ANNOTATION: &str = "containerd.io/snapshot/strata.store";
+
+/// A layer descriptor of the exported manifest (`strata`: its strata layer and store, to annotate).
+fn layer_descriptor(
+    compression: Compression,
+    l: &ExportedLayer,
+    strata: Option<(&Digest, &str)>,
+) -> serde_json::Value {
+    let mut d = json!({
+        "mediaType": compression.media_type(),
+        "digest": l.digest.to_string(),
+        "size": l.size,
+    });
+    if let Some((layer, store)) = strata {
+        d["annotations"] = json!({LAYER_ANNOTATION: layer.to_string(), STORE_ANNOTATION: store});
+    }
+    d
 }
 
 /// Writes image `m` into the layout at `dir` under `reference`. `on_layer` is called after each layer.
@@ -303,11 +332,10 @@ pub fn export(
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "config": {"mediaType": OCI_CONFIG, "digest": config.to_string(), "size": config_size},
-        "layers": layers.iter().map(|l| json!({
-            "mediaType": compression.media_type(),
-            "digest": l.digest.to_string(),
-            "size": l.size,
-        })).collect::<Vec<_>>(),
+        "layers": layers.iter().zip(&m.layers).map(|(l, strata)| {
+            let store = opts.strata_store.as_deref();
+            layer_descriptor(compression, l, store.map(|s| (&strata.digest, s)))
+        }).collect::<Vec<_>>(),
     });
     let (manifest_digest, manifest_size) =
         put_blob(dir, &serde_json::to_vec(&manifest).unwrap_or_default())?;
