@@ -150,6 +150,8 @@ pub enum DaemonError {
     Mount(#[from] MountError),
     #[error("{0}")]
     Kernel(#[from] crate::kernelcheck::KernelCheckError),
+    #[error("fuse mode: {0}")]
+    Tree(#[from] crate::treefs::TreeError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -276,7 +278,7 @@ pub struct Daemon {
     pub config: Config,
     pub(crate) store: Arc<Store>,
     pub metrics: Arc<Metrics>,
-    fetcher: Arc<Fetcher>,
+    pub(crate) fetcher: Arc<Fetcher>,
     pub(crate) table: Arc<BlobTable>,
     pub(crate) state: Mutex<State>,
     pub(crate) node: NodeState,
@@ -491,7 +493,6 @@ impl Daemon {
             .collect();
         let target = self.config.runtime_dir.join("layers").join(d.hex());
         std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
-        crate::kernelcheck::check_layer(&meta_path)?;
         self.mount_layer(&meta_path, &devices, &target)?;
         tracing::debug!(layer = %d, fetched_ms = fetched.as_millis() as u64,
             mounted_ms = started.elapsed().as_millis() as u64, "layer mounted");

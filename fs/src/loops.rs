@@ -101,6 +101,9 @@ impl Daemon {
         blobs: &[PathBuf],
         target: &Path,
     ) -> Result<(), DaemonError> {
+        if self.mode != MountMode::Fuse {
+            crate::kernelcheck::check_layer(meta)?;
+        }
         match self.mode {
             MountMode::File => Ok(mount::mount_erofs_with(meta, blobs, target, true)?),
             MountMode::Loop => {
@@ -121,9 +124,23 @@ impl Daemon {
                 // Dropping `source` and `devices` now leaves the mount as their only opener.
                 Ok(())
             }
-            MountMode::Fuse => Err(DaemonError::Invalid(
-                "mount mode fuse is not built yet".into(),
-            )),
+            // The layer's whole tree served from its metadata by a FUSE server of its own, reading
+            // through the same cache and fetcher. Its workers end when the mount goes (release).
+            MountMode::Fuse => {
+                let opts = crate::treefs::TreeOptions {
+                    threads: self.config.fuse_threads.clamp(1, 4),
+                    allow_other: true,
+                };
+                crate::treefs::mount_layer(
+                    meta,
+                    target,
+                    self.table.clone(),
+                    self.fetcher.clone(),
+                    self.metrics.clone(),
+                    &opts,
+                )?;
+                Ok(())
+            }
         }
     }
 

@@ -187,6 +187,30 @@ pub fn unmount(target: &Path, lazy: bool) -> Result<(), MountError> {
 /// Mounts an overlay at `target`: `lowers` top first, with `upper` and `work` (same filesystem). Each
 /// lower directory is its own `lowerdir+` option, so the number of layers is not limited by the size of
 /// one option string.
+/// Whether overlay takes one `lowerdir+` option per layer (Linux 6.8+). Older kernels (Debian 12's and
+/// AL2023's 6.1) parse overlay's options the legacy way: one `lowerdir=top:…:bottom` string, and every
+/// option together within one page (about 40 layers at stratad's path lengths).
+fn lowerdir_plus() -> bool {
+    crate::kernelcheck::running_kernel()
+        .is_ok_and(|k| k >= strata_erofs::features::KernelVersion::new(6, 8))
+}
+
+/// `top:…:bottom`, with the characters overlay's option parser treats specially (`:`, `,`, `\`)
+/// escaped by a backslash.
+pub fn lowerdir_option(lowers: &[PathBuf]) -> String {
+    let escape = |p: &PathBuf| {
+        let mut out = String::new();
+        for c in p.to_string_lossy().chars() {
+            if matches!(c, ':' | ',' | '\\') {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out
+    };
+    lowers.iter().map(escape).collect::<Vec<_>>().join(":")
+}
+
 pub fn mount_overlay(
     lowers: &[PathBuf],
     upper: &Path,
@@ -195,10 +219,16 @@ pub fn mount_overlay(
 ) -> Result<(), MountError> {
     let fs_fd = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)
         .map_err(|e| fail("fsopen overlay", target, e, None))?;
-    for l in lowers {
-        let l = absolute(l);
-        fsconfig_set_string(fs_fd.as_fd(), "lowerdir+", &l)
-            .map_err(|e| fail("fsconfig lowerdir+", &l, e, Some(&fs_fd)))?;
+    let lowers: Vec<PathBuf> = lowers.iter().map(|l| absolute(l)).collect();
+    if lowerdir_plus() {
+        for l in &lowers {
+            fsconfig_set_string(fs_fd.as_fd(), "lowerdir+", l)
+                .map_err(|e| fail("fsconfig lowerdir+", l, e, Some(&fs_fd)))?;
+        }
+    } else {
+        let joined = lowerdir_option(&lowers);
+        fsconfig_set_string(fs_fd.as_fd(), "lowerdir", &joined)
+            .map_err(|e| fail("fsconfig lowerdir", target, e, Some(&fs_fd)))?;
     }
     let upper = absolute(upper);
     let work = absolute(work);
@@ -214,4 +244,21 @@ pub fn mount_overlay(
     let mnt = fsmount(fs_fd.as_fd(), FsMountFlags::FSMOUNT_CLOEXEC, untrusted())
         .map_err(|e| fail("fsmount overlay", target, e, Some(&fs_fd)))?;
     attach(&mnt, target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_legacy_lowerdir_string_is_top_first_with_special_characters_escaped() {
+        let lowers = [
+            PathBuf::from("/run/strata/layers/top"),
+            PathBuf::from("/odd/a:b,c\\d"),
+        ];
+        assert_eq!(
+            lowerdir_option(&lowers),
+            "/run/strata/layers/top:/odd/a\\:b\\,c\\\\d"
+        );
+    }
 }

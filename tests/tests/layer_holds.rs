@@ -74,7 +74,7 @@ fn a_held_layer_is_mounted_once_survives_the_node_and_is_released_by_name() {
         None,
         "released layer still mounted"
     );
-    assert!(!d.mounts().iter().any(|m| PathBuf::from(m) == path));
+    assert!(!d.mounts().iter().any(|m| std::path::Path::new(m) == path));
     match client(&d).call("DELETE", &q, None) {
         Err(ClientError::Api { kind, .. }) => assert_eq!(kind, ErrorKind::NotFound),
         other => panic!("second release: {other:?}"),

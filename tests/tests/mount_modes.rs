@@ -60,12 +60,11 @@ fn check_reports_the_modes_of_this_kernel_without_starting() {
     assert!(ok, "{r}");
     assert_eq!(r["mode"], "loop");
     assert_eq!(r["passed_over"][0]["reason"], "mount_mode is loop");
-    // The tree server is not built yet: forcing it is refused, saying so.
+    // fuse forced: taken (FUSE is here), the kernel modes passed over as forced.
     let (ok, r) = check(state.path(), "fuse");
-    assert!(!ok, "{r}");
-    assert!(r["mode"].is_null());
-    let why = r["passed_over"][2]["reason"].as_str().expect("reason");
-    assert!(why.contains("not built yet"), "{r}");
+    assert!(ok, "{r}");
+    assert_eq!(r["mode"], "fuse");
+    assert_eq!(r["passed_over"][1]["reason"], "mount_mode is fuse", "{r}");
     // The report for people, and nothing left behind by the probe.
     let o = Command::new(stratad_bin())
         .args(["--config", "/dev/null", "--check", "--state-dir"])
@@ -261,4 +260,45 @@ fn mount_source(point: &Path) -> Option<String> {
         (pre.split(' ').nth(4)? == point.to_str()?)
             .then(|| post.split(' ').nth(1).map(str::to_string))?
     })
+}
+
+/// `fuse` mode forced (what a kernel without usable EROFS gets): each layer's whole tree is served by
+/// stratad from its metadata, sandboxes are overlays of those trees, every file reads as built, writes go
+/// to the upper directory, and a stop leaves no mount behind.
+#[test]
+fn fuse_mode_serves_whole_trees_under_the_overlay() {
+    if !can_mount() {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let files = strata_tests::readers::build_tree_image(&store, "tree:v1", 8);
+    let mut d = Daemon::start(&store, &["--mount-mode", "fuse"]);
+    let status = json(&d.ok(&["daemon", "status"]));
+    assert_eq!(status["mount_mode"], "fuse", "{status}");
+    let roots: Vec<PathBuf> = (0..2)
+        .map(|i| PathBuf::from(d.ok(&["mount", "tree:v1", "--sandbox", &format!("f{i}")])))
+        .collect();
+    for r in &roots {
+        for (name, data) in &files {
+            assert!(
+                std::fs::read(r.join("data").join(name)).expect("read") == *data,
+                "{name} in {}",
+                r.display()
+            );
+        }
+        let ls = std::fs::read_dir(r.join("bin")).expect("bin").count();
+        assert!(ls > 3, "bin has {ls} entries");
+    }
+    std::fs::write(roots[0].join("data/new"), b"x").expect("write through the overlay");
+    assert!(
+        !roots[1].join("data/new").exists(),
+        "a write leaked between sandboxes"
+    );
+    let ps = d.ok(&["ps"]);
+    assert!(ps.contains("mount mode: fuse"), "{ps}");
+    for i in 0..2 {
+        d.ok(&["umount", "--sandbox", &format!("f{i}")]);
+    }
+    assert!(d.stop().is_empty(), "mounts left after the stop");
 }

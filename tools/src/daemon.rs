@@ -90,7 +90,7 @@ struct Args {
     #[arg(long)]
     no_holder: bool,
     /// How layers are mounted: auto (probe this kernel, take the fastest mode that works), file
-    /// (file-backed EROFS, Linux 6.12+), loop (EROFS on loop devices, 5.16+) or fuse (not built yet).
+    /// (file-backed EROFS, Linux 6.12+), loop (EROFS on loop devices, 5.16+) or fuse (stratad serves each layer's tree, any kernel with FUSE).
     #[arg(long, value_name = "MODE")]
     mount_mode: Option<ModeRequest>,
     /// In loop mode, bind loop devices with direct I/O (true, the default) or buffered (false).
@@ -452,6 +452,18 @@ mod tests {
         let e = read_config(&missing, true).unwrap_err();
         assert!(format!("{e:#}").contains("nope.toml"), "{e:#}");
         assert_eq!(read_config(&missing, false).unwrap().cache_size, 10 << 30);
+    }
+
+    #[test]
+    fn the_shipped_example_config_parses_and_states_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/stratad.toml");
+        let c = read_config(&path, true).unwrap();
+        let d = Config::default();
+        assert_eq!(
+            serde_json::to_value(&c).unwrap(),
+            serde_json::to_value(&d).unwrap(),
+            "dist/stratad.toml must state the defaults"
+        );
     }
 
     #[test]
