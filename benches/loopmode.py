@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`file` against `loop` mount mode (and loop devices with and without direct I/O), same data, same run,
+"""`file` against `loop` and `fuse` mount modes (and loop devices with and without direct I/O), same data, same run,
 alternating the setups in every round:
 
   seq    a 1 GiB file (half compressible) in a sandbox: the first read (chunks fetched from the file://
@@ -25,6 +25,7 @@ SETUPS = {
     "file": ["--mount-mode", "file"],
     "loop-dio": ["--mount-mode", "loop"],
     "loop-buffered": ["--mount-mode", "loop", "--loop-direct-io", "false"],
+    "fuse": ["--mount-mode", "fuse"],
 }
 
 

@@ -335,7 +335,11 @@ fn under_systemd_the_connection_waits_in_the_fd_store_across_a_crash() {
     sd.wait_ready();
     let mut names: Vec<&str> = sd.store.iter().map(|(n, _)| n.as_str()).collect();
     names.sort();
-    assert_eq!(names, ["api", "fuse"], "descriptors parked in the store");
+    assert_eq!(
+        names,
+        ["api", "fuse", "journal"],
+        "descriptors parked in the store"
+    );
     let r = PathBuf::from(d.ok(&["mount", "tree:v1", "--sandbox", "a"]));
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Counts::default());

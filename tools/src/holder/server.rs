@@ -52,19 +52,17 @@ pub struct Binary {
 impl Binary {
     /// The binary now at `path`.
     pub fn open(path: &Path) -> Result<Binary, StartError> {
-        let file = File::open(path).map_err(|source| StartError::Open {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Ok(Binary {
-            file,
-            path: path.to_path_buf(),
-        })
+        Binary::open_as(path, path)
     }
 
-    /// The binary this process runs (it works: it is running).
+    /// The binary this process runs (it works: it is running), known by `path`.
     pub fn running(path: &Path) -> Result<Binary, StartError> {
-        let file = File::open("/proc/self/exe").map_err(|source| StartError::Open {
+        Binary::open_as(Path::new("/proc/self/exe"), path)
+    }
+
+    /// Opens `file`, to be named `path` in messages.
+    fn open_as(file: &Path, path: &Path) -> Result<Binary, StartError> {
+        let file = File::open(file).map_err(|source| StartError::Open {
             path: path.to_path_buf(),
             source,
         })?;
