@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""`file` against `loop` and `fuse` mount modes (and loop devices with and without direct I/O), same data, same run,
+"""`file` against `loop` and `fuse` mount modes (and loop devices with and without direct I/O) and kernel EROFS on a
+local materialized copy (the peer), same data, same run,
 alternating the setups in every round:
 
   seq    a 1 GiB file (half compressible) in a sandbox: the first read (chunks fetched from the file://
@@ -26,7 +27,44 @@ SETUPS = {
     "loop-dio": ["--mount-mode", "loop"],
     "loop-buffered": ["--mount-mode", "loop", "--loop-direct-io", "false"],
     "fuse": ["--mount-mode", "fuse"],
+    # The peer: kernel EROFS on loop devices of a materialized copy (`strata materialize`), all local.
+    "kernel": None,
 }
+
+
+class Kernel:
+    """Kernel EROFS mounted from a local materialized copy of an image's one layer (no stratad)."""
+
+    def __init__(self):
+        self.loops, self.mnts = [], []
+
+    def losetup(self, path):
+        dev = subprocess.run(["losetup", "-f", "--show", "-r", path], check=True, capture_output=True,
+                             text=True).stdout.strip()
+        self.loops.append(dev)
+        return dev
+
+    def mount(self, image, sid):
+        mat = f"{D}/mat-{image.replace(':', '-')}"
+        if not os.path.exists(f"{mat}/meta.erofs"):
+            strata("materialize", image, mat)
+        devs = sorted(os.listdir(f"{mat}/devices"), key=int)
+        opts = ",".join(["ro"] + [f"device={self.losetup(f'{mat}/devices/{n}')}" for n in devs])
+        target = f"{D}/kmnt-{sid}"
+        os.makedirs(target, exist_ok=True)
+        subprocess.run(["mount", "-t", "erofs", "-o", opts, self.losetup(f"{mat}/meta.erofs"), target],
+                       check=True)
+        self.mnts.append(target)
+        return {"rootfs": target}
+
+    def call(self, *_):
+        return {"mount_mode": None}
+
+    def stop(self):
+        for m in self.mnts:
+            subprocess.run(["umount", m], check=False)
+        for dev in self.loops:
+            subprocess.run(["losetup", "-d", dev], check=False)
 
 
 def strata(*args):
@@ -95,9 +133,10 @@ def main():
         order = list(SETUPS) if r % 2 == 0 else list(SETUPS)[::-1]
         for name in order:
             for bench in (seq, find):
-                d = stratad.Daemon(STORE, args=SETUPS[name], quiet=True)
+                args = SETUPS[name]
+                d = Kernel() if args is None else stratad.Daemon(STORE, args=args, quiet=True)
                 try:
-                    assert d.call("GET", "/v1/status")["mount_mode"] == SETUPS[name][1]
+                    assert args is None or d.call("GET", "/v1/status")["mount_mode"] == args[1]
                     got = bench(d)
                 finally:
                     d.stop()
