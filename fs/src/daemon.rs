@@ -368,7 +368,7 @@ impl Daemon {
             crate::perms::secure(&config)?;
         }
         let chan = Arc::new(chan);
-        let mode_report = crate::modes::probe_and_decide(&config.state_dir, config.mount_mode);
+        let mode_report = crate::modes::for_server(&config.state_dir, config.mount_mode, adopted);
         let mode = mode_report.usable()?;
         tracing::info!(%mode, passed_over = ?mode_report.passed_over,
             probe_ms = mode_report.probe_ms, "mount mode");

@@ -352,46 +352,99 @@ fn multi_device_lack(e: &mount::MountError) -> String {
     }
 }
 
-/// EROFS's magic number.
-const EROFS_MAGIC: u32 = 0xE0F5_E1E2;
-/// The root directory's inode: at byte 1280 (metadata from block 0, 32-byte slots).
+/// The probe image's root directory inode: right after the superblock's block-0 neighbours (metadata
+/// from block 0, 32-byte slots: byte 1280).
 const PROBE_ROOT_NID: u16 = 40;
 
 /// A one-block EROFS image: an empty root directory and a device table of one slot (one block), so
 /// that mounting it needs exactly one `device=` — what `file` and `loop` modes do with every layer.
-/// Layout facts: `../shared/EROFS-FORMAT.md`.
+/// Written with the format's own structures (`strata_erofs::format`); layout facts:
+/// `../shared/EROFS-FORMAT.md`.
 pub fn probe_image() -> Vec<u8> {
-    let mut img = vec![0u8; 4096];
-    let mut put = |at: usize, bytes: &[u8]| img[at..at + bytes.len()].copy_from_slice(bytes);
-    let sb = 1024;
-    put(sb, &EROFS_MAGIC.to_le_bytes());
-    put(sb + 12, &[12]); // 4 KiB blocks
-    put(sb + 14, &PROBE_ROOT_NID.to_le_bytes());
-    put(sb + 16, &1u64.to_le_bytes()); // inodes
-    put(sb + 36, &1u32.to_le_bytes()); // blocks
-    put(sb + 80, &8u32.to_le_bytes()); // incompat: DEVICE_TABLE
-    put(sb + 86, &1u16.to_le_bytes()); // extra devices
-    put(sb + 88, &9u16.to_le_bytes()); // device table at 9 * 128 = 1152
-    put(1152, b"strata-mode-probe");
-    put(1152 + 64, &1u32.to_le_bytes()); // the device's blocks
-                                         // The root: a compact inode, data inline (FLAT_INLINE = 2 << 1), "." and ".." only.
-    let root = usize::from(PROBE_ROOT_NID) * 32;
-    let names = b"...";
-    let dirents = 2 * 12;
-    put(root, &(2u16 << 1).to_le_bytes());
-    put(root + 4, &0o040755u16.to_le_bytes());
-    put(root + 6, &2u16.to_le_bytes()); // nlink
-    put(root + 8, &((dirents + names.len()) as u32).to_le_bytes());
-    put(root + 20, &1u32.to_le_bytes()); // ino
-    let data = root + 32;
-    for (i, nameoff) in [(0usize, dirents), (1, dirents + 1)] {
-        let de = data + i * 12;
-        put(de, &u64::from(PROBE_ROOT_NID).to_le_bytes());
-        put(de + 8, &(nameoff as u16).to_le_bytes());
-        put(de + 10, &[2]); // a directory
+    use strata_erofs::format::{
+        Dirent, InodeCompact, RawDeviceSlot, SuperBlock, BLKSZ, BLKSZ_BITS, DEVT_SLOT_SIZE,
+        EROFS_MAGIC, FEATURE_INCOMPAT_DEVICE_TABLE, FT_DIR, I_DATALAYOUT_BIT, LAYOUT_FLAT_INLINE,
+        SUPER_OFFSET,
+    };
+    let mut img = vec![0u8; BLKSZ];
+    let slot_at = 9 * DEVT_SLOT_SIZE; // 1152: the 128-byte slot after the superblock
+    let sb = SuperBlock {
+        magic: EROFS_MAGIC,
+        blkszbits: BLKSZ_BITS,
+        root_nid: PROBE_ROOT_NID,
+        inos: 1,
+        blocks: 1,
+        feature_incompat: FEATURE_INCOMPAT_DEVICE_TABLE,
+        extra_devices: 1,
+        devt_slotoff: (slot_at / DEVT_SLOT_SIZE) as u16,
+        ..SuperBlock::zeroed()
+    };
+    sb.write_to(&mut img, SUPER_OFFSET);
+    let mut tag = [0u8; 64];
+    tag[..17].copy_from_slice(b"strata-mode-probe");
+    RawDeviceSlot {
+        tag,
+        blocks_lo: 1,
+        ..RawDeviceSlot::zeroed()
     }
-    put(data + dirents, names);
+    .write_to(&mut img, slot_at);
+    // The root: a compact inode with its entries inline, "." and ".." only.
+    let names = b"...";
+    let dirents = 2 * Dirent::SIZE;
+    let root = usize::from(PROBE_ROOT_NID) * 32;
+    InodeCompact {
+        i_format: LAYOUT_FLAT_INLINE << I_DATALAYOUT_BIT,
+        i_mode: 0o040755,
+        i_nb: 2,
+        i_size: (dirents + names.len()) as u32,
+        i_ino: 1,
+        ..InodeCompact::zeroed()
+    }
+    .write_to(&mut img, root);
+    let data = root + InodeCompact::SIZE;
+    for (i, nameoff) in [(0, dirents), (1, dirents + 1)] {
+        Dirent {
+            nid: u64::from(PROBE_ROOT_NID),
+            nameoff: nameoff as u16,
+            file_type: FT_DIR,
+            reserved: 0,
+        }
+        .write_to(&mut img, data + i * Dirent::SIZE);
+    }
+    img[data + dirents..data + dirents + names.len()].copy_from_slice(names);
     img
+}
+
+/// Where the node's first server keeps the report it decided on.
+const RECORD: &str = "node/mount_mode.json";
+
+/// The mode report for a server starting on `state_dir`. A server that adopts a node (`adopted`) mounts
+/// as the node's first server decided — its layers are mounted that way already — and so takes that
+/// server's recorded report instead of probing again (no loop devices bound, nothing mounted before it
+/// serves). A first server probes and records its decision; so does a successor whose configuration
+/// asks for another mode, or that finds no record (an older predecessor).
+pub fn for_server(state_dir: &Path, requested: ModeRequest, adopted: bool) -> ModeReport {
+    let path = state_dir.join(RECORD);
+    if adopted {
+        let recorded = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<ModeReport>(&b).ok())
+            .filter(|r| r.requested == requested && r.mode.is_some());
+        if let Some(r) = recorded {
+            return r;
+        }
+    }
+    let report = probe_and_decide(state_dir, requested);
+    if report.mode.is_some() {
+        let saved = std::fs::create_dir_all(state_dir.join("node"))
+            .map_err(|e| e.to_string())
+            .and_then(|_| serde_json::to_vec(&report).map_err(|e| e.to_string()))
+            .and_then(|b| crate::state::write_atomic(&path, &b).map_err(|e| e.to_string()));
+        if let Err(e) = saved {
+            tracing::warn!(error = %e, "recording the mount mode: a successor will probe again");
+        }
+    }
+    report
 }
 
 #[cfg(test)]
@@ -407,6 +460,30 @@ mod tests {
             file_backed: lack(file, "ENOTBLK"),
             loop_devices: lack(looped, "no /dev/loop-control"),
         }
+    }
+
+    #[test]
+    fn the_probe_image_is_the_one_device_erofs_image_it_claims_to_be() {
+        let img = strata_erofs::reader::ErofsImage::parse(probe_image()).expect("parses");
+        assert_eq!(img.root_nid(), u64::from(PROBE_ROOT_NID));
+        assert_eq!(img.devices().len(), 1);
+        assert_eq!(img.inode_count(), 1);
+        let root = img.lookup(b"/").expect("lookup").expect("a root");
+        assert!(root.is_dir(), "{root:?}");
+    }
+
+    #[test]
+    fn a_successor_takes_the_recorded_mode_without_probing() {
+        let t = tempfile::tempdir().unwrap();
+        // What the node's first server decided (a capability no probe here would report).
+        let first = decide(&caps(false, true, true), ModeRequest::Auto);
+        std::fs::create_dir_all(t.path().join("node")).unwrap();
+        std::fs::write(t.path().join(RECORD), serde_json::to_vec(&first).unwrap()).unwrap();
+        assert_eq!(for_server(t.path(), ModeRequest::Auto, true), first);
+        // A damaged record is not trusted: the server probes (and records) instead.
+        std::fs::write(t.path().join(RECORD), b"{").unwrap();
+        let r = for_server(t.path(), ModeRequest::Auto, true);
+        assert_ne!(r.capabilities.kernel, "6.x");
     }
 
     fn modes(r: &ModeReport) -> Vec<MountMode> {
@@ -466,17 +543,5 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("block"));
-    }
-
-    #[test]
-    fn the_probe_image_is_one_block_with_one_device_slot() {
-        let img = probe_image();
-        assert_eq!(img.len(), 4096);
-        assert_eq!(
-            u32::from_le_bytes(img[1024..1028].try_into().unwrap()),
-            EROFS_MAGIC
-        );
-        assert_eq!(u16::from_le_bytes(img[1110..1112].try_into().unwrap()), 1);
-        assert_eq!(&img[1312 + 24..1312 + 27], b"...");
     }
 }

@@ -190,9 +190,13 @@ pub fn unmount(target: &Path, lazy: bool) -> Result<(), MountError> {
 /// Whether overlay takes one `lowerdir+` option per layer (Linux 6.8+). Older kernels (Debian 12's and
 /// AL2023's 6.1) parse overlay's options the legacy way: one `lowerdir=top:…:bottom` string, and every
 /// option together within one page (about 40 layers at stratad's path lengths).
+/// Asked once per process: every sandbox's overlay needs the answer.
 fn lowerdir_plus() -> bool {
-    crate::kernelcheck::running_kernel()
-        .is_ok_and(|k| k >= strata_erofs::features::KernelVersion::new(6, 8))
+    static PLUS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PLUS.get_or_init(|| {
+        crate::kernelcheck::running_kernel()
+            .is_ok_and(|k| k >= strata_erofs::features::KernelVersion::new(6, 8))
+    })
 }
 
 /// `top:…:bottom`, with the characters overlay's option parser treats specially (`:`, `,`, `\`)
