@@ -75,12 +75,21 @@ impl Channel {
     pub fn mount(target: &Path, allow_other: bool) -> io::Result<Channel> {
         let flags =
             MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID | MountFlags::NOEXEC;
-        Self::mount_with(target, flags, allow_other, allow_other)
+        let chan = Self::mount_with(target, flags, allow_other, allow_other)?;
+        match journal::Journal::create() {
+            Ok(j) => Ok(chan.with_journal(j)),
+            Err(e) => {
+                tracing::warn!(error = %e, "no FUSE request journal: a dead server's reads are lost on kernels without FUSE_NOTIFY_RESEND");
+                Ok(chan)
+            }
+        }
     }
 
     /// Opens a new connection for a layer's whole tree (`crate::treefs`) and mounts it read-only at
     /// `target`: `nodev` and `nosuid` like every image mount (`crate::mount`), but programs may run, and
-    /// the kernel checks the served modes and owners (`default_permissions`) for every caller.
+    /// the kernel checks the served modes and owners (`default_permissions`) for every caller. No
+    /// request journal: nothing holds these connections for a successor yet (docs/DAEMON.md, fuse mode),
+    /// so recording their requests would be work no one reads.
     pub fn mount_tree(target: &Path, allow_other: bool) -> io::Result<Channel> {
         let flags = MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID;
         Self::mount_with(target, flags, allow_other, true)
@@ -106,10 +115,7 @@ impl Channel {
         let data =
             CString::new(data).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         rustix::mount::mount("strata", target, "fuse.strata", flags, data.as_c_str())?;
-        let journal = journal::Journal::create()
-            .inspect_err(|e| tracing::warn!(error = %e, "no FUSE request journal: a dead server's reads are lost on kernels without FUSE_NOTIFY_RESEND"))
-            .ok();
-        Ok(Channel { fd, journal })
+        Ok(Channel { fd, journal: None })
     }
 
     /// The descriptor (to hand to a successor or systemd's store).
