@@ -1,6 +1,6 @@
 //! strata's node daemon library.
 //!
-//! Kernel mode, as `../shared/DESIGN.md` describes it: the [`daemon`] fetches each layer's metadata to
+//! Kernel mode, as `docs/DESIGN.md` describes it: the [`daemon`] fetches each layer's metadata to
 //! local disk and mounts it as kernel EROFS ([`mount`]) whose devices are files of the daemon's own FUSE
 //! blob server ([`blobfs`], over strata's own FUSE request loop, [`fuse`]) — on kernels before 6.12 through
 //! loop devices of those files ([`loops`], [`loopdev`]; [`modes`] probes the kernel and picks how); a

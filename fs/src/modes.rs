@@ -359,7 +359,7 @@ const PROBE_ROOT_NID: u16 = 40;
 /// A one-block EROFS image: an empty root directory and a device table of one slot (one block), so
 /// that mounting it needs exactly one `device=` — what `file` and `loop` modes do with every layer.
 /// Written with the format's own structures (`strata_erofs::format`); layout facts:
-/// `../shared/EROFS-FORMAT.md`.
+/// `docs/FORMAT.md`.
 pub fn probe_image() -> Vec<u8> {
     use strata_erofs::format::{
         Dirent, InodeCompact, RawDeviceSlot, SuperBlock, BLKSZ, BLKSZ_BITS, DEVT_SLOT_SIZE,

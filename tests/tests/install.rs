@@ -50,6 +50,24 @@ fn the_install_recipe_puts_a_startable_service_in_place() {
     for b in ["strata", "stratad", "pack_diff", "strata-snapshotter"] {
         assert!(dest.join("usr/local/bin").join(b).is_file(), "{b} missing");
     }
+    // Man pages and completions come from the installed strata's own definitions.
+    let share = dest.join("usr/local/share");
+    for page in [
+        "man/man1/strata.1",
+        "man/man1/strata-build.1",
+        "man/man1/strata-daemon-upgrade.1",
+        "man/man1/pack_diff.1",
+        "man/man8/stratad.8",
+        "bash-completion/completions/strata",
+        "zsh/site-functions/_strata",
+        "fish/vendor_completions.d/strata.fish",
+    ] {
+        let text = std::fs::read_to_string(share.join(page)).unwrap_or_default();
+        assert!(
+            text.contains("strata") || text.contains("pack_diff"),
+            "{page} missing or empty"
+        );
+    }
     let unit =
         std::fs::read_to_string(dest.join("etc/systemd/system/stratad.service")).expect("unit");
     assert!(

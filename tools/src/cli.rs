@@ -7,13 +7,13 @@ use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, StoreOptions, DEFAULT_STORE};
 
 use crate::{
-    catalog, compose, copy, export, images, import, index, layers, node, progress, snapshot, trace,
-    view, vm,
+    catalog, compose, copy, export, images, import, index, layers, manual, node, progress,
+    snapshot, trace, view, vm,
 };
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
 #[derive(Parser)]
-#[command(name = "strata", version, about)]
+#[command(name = "strata", version)]
 pub struct Cli {
     /// Store URL: file:///path or s3://bucket/prefix (endpoint and credentials from AWS_* variables).
     #[arg(long, global = true, env = "STRATA_STORE", default_value = DEFAULT_STORE)]
@@ -159,6 +159,10 @@ pub enum Cmd {
         layer: String,
         dir: PathBuf,
     },
+    /// Print a shell completion script (e.g. `strata completions bash > /etc/bash_completion.d/strata`).
+    Completions(manual::CompletionsArgs),
+    /// Print the strata(1) man page, or write every page (subcommands, stratad, pack_diff) into --dir.
+    Man(manual::ManArgs),
 }
 
 /// The `pack_diff` program: the same as `strata pack-diff`.
@@ -262,6 +266,8 @@ pub fn run(cli: Cli) -> Result<()> {
             sandbox,
             dir,
         } => return node::bundle(socket, &image, &sandbox, &dir),
+        Cmd::Completions(a) => return manual::completions(a),
+        Cmd::Man(a) => return manual::man(a),
         cmd => cmd,
     };
     // Only commands that add to a store create it; the rest need one that exists.
@@ -296,6 +302,8 @@ pub fn run(cli: Cli) -> Result<()> {
         | Cmd::Umount { .. }
         | Cmd::Rm { .. }
         | Cmd::Daemon(_)
+        | Cmd::Completions(_)
+        | Cmd::Man(_)
         | Cmd::Ps { .. } => Ok(()),
     }
 }

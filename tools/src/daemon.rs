@@ -32,55 +32,65 @@ use crate::{holder, signals, systemd};
 const DEFAULT_CONFIG: &str = "/etc/strata/stratad.toml";
 
 /// strata's node daemon: mounts images lazily and gives each sandbox an overlay rootfs.
+///
+/// Every option is also a key of the configuration file (dist/stratad.toml lists them all); a flag
+/// overrides the file, and the defaults below apply when neither sets it.
 #[derive(Parser)]
 #[command(name = "stratad", version)]
 struct Args {
     /// TOML configuration file (keys as in docs/DAEMON.md); flags override it. Default:
     /// /etc/strata/stratad.toml, if it exists.
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Store URL.
-    #[arg(long, env = "STRATA_STORE")]
+    /// Store URL: file:///PATH or s3://BUCKET/PREFIX [default: file:///var/lib/strata/store].
+    #[arg(long, env = "STRATA_STORE", value_name = "URL")]
     store: Option<String>,
-    #[arg(long)]
+    /// Layer metadata, the chunk cache, node records and sandboxes' upper directories; a disk
+    /// filesystem (ext4, xfs) [default: /var/lib/strata].
+    #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    #[arg(long)]
+    /// The control socket, the blob server's FUSE mount and the mount points; one node per runtime
+    /// directory [default: /run/strata].
+    #[arg(long, value_name = "DIR")]
     runtime_dir: Option<PathBuf>,
-    /// Chunk cache bound, e.g. 10G, 512M.
-    #[arg(long)]
+    /// Chunk cache bound, e.g. 10G, 512M [default: 10G].
+    #[arg(long, value_name = "SIZE")]
     cache_size: Option<String>,
-    /// Seconds before a read that cannot be served fails with EIO.
-    #[arg(long)]
+    /// Seconds before a read that cannot be served fails with EIO [default: 30].
+    #[arg(long, value_name = "SECS")]
     read_timeout: Option<f64>,
     /// Seconds before any other store operation fails (a tag, manifest, descriptor or metadata read of
-    /// a mount; a listing; a write).
-    #[arg(long)]
+    /// a mount; a listing; a write) [default: 60].
+    #[arg(long, value_name = "SECS")]
     store_timeout: Option<f64>,
-    /// Largest compressed span of one range request, e.g. 4M.
-    #[arg(long)]
+    /// Largest compressed span of one range request, e.g. 4M [default: 256K from a file:// store, 2M
+    /// over a network].
+    #[arg(long, value_name = "SIZE")]
     max_fetch_span: Option<String>,
-    /// Compressed bytes before a miss also fetched, in the background, e.g. 1M (default 0: none).
-    #[arg(long)]
+    /// Compressed bytes before a miss also fetched, in the background, e.g. 1M [default: 0, none].
+    #[arg(long, value_name = "SIZE")]
     max_fetch_behind: Option<String>,
-    #[arg(long)]
+    /// Worker threads answering the blob server's FUSE requests [default: 8].
+    #[arg(long, value_name = "N")]
     fuse_threads: Option<usize>,
-    /// Group (gid) allowed to use the control socket besides root.
-    #[arg(long)]
+    /// Group (gid) allowed to use the control socket and read the blob files besides root [default:
+    /// none].
+    #[arg(long, value_name = "GID")]
     group: Option<u32>,
     /// Do not warm images' prefetch plans when their sandboxes are created.
     #[arg(long)]
     no_prefetch: bool,
-    /// Concurrent prefetch fetches.
-    #[arg(long)]
+    /// Concurrent prefetch fetches [default: 4 from a file:// store, 32 over a network].
+    #[arg(long, value_name = "N")]
     prefetch_threads: Option<usize>,
-    /// Prefetch bandwidth cap per second, e.g. 256M (0: none).
-    #[arg(long)]
+    /// Prefetch bandwidth cap per second, e.g. 256M; 0: none [default: 256M].
+    #[arg(long, value_name = "SIZE")]
     prefetch_rate: Option<String>,
-    /// Bound of the metadata kept for layers no longer mounted, e.g. 4G.
-    #[arg(long)]
+    /// Bound of the metadata kept for layers no longer mounted, e.g. 4G [default: 4G].
+    #[arg(long, value_name = "SIZE")]
     metadata_cache_size: Option<String>,
     /// Record the reads of this many seconds after an image without a prefetch plan is first mounted
-    /// and store them as its plan (needs write access to the store; 0: off).
+    /// and store them as its plan (needs write access to the store) [default: 0, off].
     #[arg(long, value_name = "SECS")]
     record_plans: Option<f64>,
     /// Log as JSON lines.
@@ -90,10 +100,11 @@ struct Args {
     #[arg(long)]
     no_holder: bool,
     /// How layers are mounted: auto (probe this kernel, take the fastest mode that works), file
-    /// (file-backed EROFS, Linux 6.12+), loop (EROFS on loop devices, 5.16+) or fuse (stratad serves each layer's tree, any kernel with FUSE).
+    /// (file-backed EROFS, Linux 6.12+), loop (EROFS on loop devices, 5.16+) or fuse (stratad serves
+    /// each layer's tree, any kernel with FUSE) [default: auto].
     #[arg(long, value_name = "MODE")]
     mount_mode: Option<ModeRequest>,
-    /// In loop mode, bind loop devices with direct I/O (true, the default) or buffered (false).
+    /// In loop mode, bind loop devices with direct I/O (true) or buffered (false) [default: true].
     #[arg(long, value_name = "BOOL")]
     loop_direct_io: Option<bool>,
     /// Probe this kernel, print which mount mode stratad would run in and why, and exit (0 if some
@@ -103,6 +114,11 @@ struct Args {
     /// With --check: print the report as JSON.
     #[arg(long, requires = "check")]
     json: bool,
+}
+
+/// stratad's command line, for its man page (`strata man --dir`).
+pub fn command() -> clap::Command {
+    <Args as clap::CommandFactory>::command()
 }
 
 /// The configuration in `path`; a missing file is an error unless it is the default one (`given` false).

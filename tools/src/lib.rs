@@ -12,6 +12,8 @@ mod compose;
 mod config;
 mod copy;
 pub mod daemon;
+#[cfg(test)]
+mod docs_tests;
 mod exit;
 mod export;
 mod freeze;
@@ -20,6 +22,7 @@ mod images;
 mod import;
 mod index;
 mod layers;
+mod manual;
 mod node;
 mod progress;
 mod signals;
