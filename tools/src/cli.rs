@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
 use strata_registry::store::{Store, StoreOptions, DEFAULT_STORE};
 
@@ -192,8 +192,8 @@ pub struct PackDiffCli {
 /// Runs `pack_diff`.
 pub fn run_pack_diff(cli: PackDiffCli) -> Result<()> {
     progress::set_mode(cli.progress);
-    let store = Store::open_existing_with(&cli.store, &store_options(cli.store_timeout))
-        .with_context(|| format!("opening store {}", cli.store))?;
+    // Every store error names the store's URL: no context needed.
+    let store = Store::open_existing_with(&cli.store, &store_options(cli.store_timeout))?;
     snapshot::pack_diff(&store, &cli.socket, cli.args)
 }
 
@@ -272,8 +272,7 @@ pub fn run(cli: Cli) -> Result<()> {
     };
     // Only commands that add to a store create it; the rest need one that exists.
     let create = matches!(cmd, Cmd::Build(_) | Cmd::Import(_));
-    let store = open_store(&cli.store, cli.store_timeout, create)
-        .with_context(|| format!("opening store {}", cli.store))?;
+    let store = open_store(&cli.store, cli.store_timeout, create)?;
     match cmd {
         Cmd::Build(a) => layers::build(&store, a),
         Cmd::Compose(a) => compose::compose(&store, a),

@@ -234,8 +234,7 @@ pub fn copy(src: &Store, a: CopyArgs, timeout: std::time::Duration) -> Result<()
         (None, Ok(t)) if !a.image.starts_with("blake3:") => Some(t),
         _ => None,
     };
-    let mut dst = Store::open_with(&a.to, &crate::cli::store_options(timeout))
-        .with_context(|| format!("opening store {}", a.to))?;
+    let mut dst = Store::open_with(&a.to, &crate::cli::store_options(timeout)).context("--to")?;
     dst.range_deadline = timeout;
     let mut c = Copier {
         src,

@@ -452,7 +452,7 @@ fn serve_plain(config: Config) -> Result<()> {
 /// The `stratad` program.
 pub fn main() {
     if let Err(e) = run() {
-        eprintln!("stratad: error: {e:#}");
+        eprintln!("stratad: error: {}", crate::exit::message(&e));
         std::process::exit(1);
     }
 }

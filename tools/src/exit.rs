@@ -140,3 +140,41 @@ pub fn code(e: &anyhow::Error) -> i32 {
     }
     1
 }
+
+/// An error as one line: its causes joined by ": ", each said once. A cause whose text an earlier
+/// part already holds is left out — an error that writes its source into its own message (`{path}:
+/// {source}`) would otherwise repeat it ("…: No such file or directory (os error 2): No such file or
+/// directory (os error 2)").
+pub fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let inner = anyhow::Error::new(io).context(format!(
+            "cannot reach stratad at /x: {}",
+            std::io::Error::from(std::io::ErrorKind::NotFound)
+        ));
+        let e = inner.context("mounting sb1");
+        assert_eq!(
+            message(&e),
+            "mounting sb1: cannot reach stratad at /x: entity not found"
+        );
+    }
+}

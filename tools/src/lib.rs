@@ -61,7 +61,7 @@ pub fn main() {
     let args = cli::Cli::parse();
     init_logs();
     if let Err(e) = cli::run(args) {
-        eprintln!("strata: error: {e:#}");
+        eprintln!("strata: error: {}", exit::message(&e));
         std::process::exit(exit::code(&e));
     }
 }
@@ -72,7 +72,7 @@ pub fn pack_diff_main() {
     let args = cli::PackDiffCli::parse();
     init_logs();
     if let Err(e) = cli::run_pack_diff(args) {
-        eprintln!("pack_diff: error: {e:#}");
+        eprintln!("pack_diff: error: {}", exit::message(&e));
         std::process::exit(exit::code(&e));
     }
 }
