@@ -34,6 +34,11 @@
 //! blocks are freed at once (`fallocate` punching a hole; on a filesystem without holes the space comes
 //! back when the whole segment is deleted, which happens when its last chunk goes). Equal chunks of
 //! different blobs are cached once (the key is the chunk digest).
+//!
+//! **Not in the page cache.** Segment pages are dropped once read or written back
+//! ([`crate::pagecache`]): the verified chunks the cache hands out are in its memory already, and the
+//! bytes readers keep are the kernel's own copy — a third copy of each byte in the page cache would cost
+//! the node's density.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
@@ -159,6 +164,8 @@ pub struct ChunkCache {
     verified_bytes: u64,
     /// Chunks to check ahead of a sequential reader, for the checking thread (see [`ChunkCache::advise`]).
     ahead: SyncSender<Digest>,
+    /// Drops written segment pages once they are on disk.
+    settler: crate::pagecache::Settler,
     state: Mutex<State>,
     pub stats: CacheStats,
 }
@@ -342,6 +349,7 @@ impl ChunkCache {
             segment_bytes,
             verified_bytes,
             ahead,
+            settler: crate::pagecache::Settler::start().map_err(|e| io(dir, e))?,
             state: Mutex::new(st),
             stats: CacheStats::default(),
         });
@@ -571,7 +579,9 @@ impl ChunkCache {
         let file = file?;
         // Read straight into the shared allocation (a `Vec` turned into an `Arc<[u8]>` is copied).
         let mut b: Arc<[u8]> = std::iter::repeat_n(0u8, usize::try_from(size).ok()?).collect();
-        file.read_exact_at(Arc::get_mut(&mut b)?, offset).ok()?;
+        let read = file.read_exact_at(Arc::get_mut(&mut b)?, offset);
+        crate::pagecache::drop_range(file, offset, size);
+        read.ok()?;
         self.stats.checked.fetch_add(1, Ordering::Relaxed);
         d.matches(&b).then_some(b)
     }
@@ -657,6 +667,9 @@ impl ChunkCache {
         let (seg, offset, file) = self.reserve(&mut self.lock(), len)?;
         let path = self.dir.join(format!("seg-{seg}"));
         let written = file.write_all_at(bytes, offset);
+        if written.is_ok() {
+            self.settler.written(&file, offset, len);
+        }
         let mut st = self.lock();
         if let Err(e) = written {
             self.release(&mut st, seg, d, offset, len);

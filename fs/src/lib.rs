@@ -31,6 +31,7 @@ pub mod metafile;
 pub mod metrics;
 pub mod modes;
 pub mod mount;
+pub mod pagecache;
 pub mod perms;
 pub mod process;
 pub mod sandboxes;

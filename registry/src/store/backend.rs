@@ -205,9 +205,27 @@ impl ObjectStoreBackend {
             return Ok(Bytes::new());
         }
         match self.store.get_range(&p, range.clone()).await {
-            Ok(b) if b.len() as u64 == range.end - range.start => Ok(b),
+            Ok(b) if b.len() as u64 == range.end - range.start => {
+                self.drop_pages(key, &range);
+                Ok(b)
+            }
             Ok(b) => Err(self.cut_short(key, &range, b.len() as u64)),
             Err(e) => Err(self.range_refused(key, &range, e).await),
+        }
+    }
+
+    /// A local store's range was read for a node's chunk cache or a reader that keeps its own copy:
+    /// its pages leave the page cache (a byte should be in memory once; see `strata_fs::pagecache`).
+    /// Best effort: a failure only leaves them cached.
+    fn drop_pages(&self, key: &str, range: &Range<u64>) {
+        let Some(root) = &self.local else { return };
+        // Widened to whole 2 MiB steps: the kernel drops only whole folios inside the range, and a file
+        // read in pieces is cached in large folios that straddle the pieces' edges.
+        const STEP: u64 = 2 << 20;
+        let start = range.start / STEP * STEP;
+        let len = std::num::NonZeroU64::new(range.end.div_ceil(STEP) * STEP - start);
+        if let Ok(f) = std::fs::File::open(root.join(key)) {
+            let _ = rustix::fs::fadvise(&f, start, len, rustix::fs::Advice::DontNeed);
         }
     }
 
@@ -463,5 +481,32 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let b = ObjectStoreBackend::local(dir.path()).expect("local");
         super::super::conformance::run(&b);
+    }
+
+    /// A range read of a local store leaves none of the file's pages in the page cache (the node keeps
+    /// its own verified copy; the kernel keeps the reader's).
+    #[test]
+    fn local_range_reads_leave_no_pages_cached() {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let b = ObjectStoreBackend::local(dir.path()).expect("local");
+        let data: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+        b.put("blobs/x", Bytes::from(data.clone()), Mode::Overwrite)
+            .expect("put");
+        let path = dir.path().join("blobs/x");
+        std::process::Command::new("sync").status().expect("sync");
+        let got = b
+            .get_range("blobs/x", 1 << 20..3 << 20, Duration::from_secs(10))
+            .expect("range");
+        assert_eq!(&got[..], &data[1 << 20..3 << 20]);
+        let out = std::process::Command::new("fincore")
+            .args(["--bytes", "--noheadings", "--raw", "--output", "RES"])
+            .arg(&path)
+            .output()
+            .expect("fincore");
+        let cached: u64 = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("RES");
+        assert_eq!(cached, 0, "{cached} bytes cached");
     }
 }

@@ -1,0 +1,95 @@
+//! Keeping a byte in memory once: the chunk cache's and a local store's files are read and written
+//! without leaving their pages in the page cache.
+//!
+//! A byte a sandbox reads is in the page cache as the kernel's own copy (EROFS's pages, or the FUSE tree's
+//! in `fuse` mode). Without care it is there twice or three times more: the chunk cache segment it was
+//! written to and read back from, and the `file://` store's blob file it was fetched from (the FUSE blob
+//! files keep none: EROFS reads them with `directio`, loop devices with direct I/O). Those copies are
+//! cold — the cache keeps verified chunks it hands out in its own small in-memory set, and a page evicted
+//! from EROFS comes back through the cache, which reads the segment from disk — so they are dropped:
+//!
+//! - **reads** of a segment or a store blob are followed by `POSIX_FADV_DONTNEED` on the range read:
+//!   clean pages go at once;
+//! - **writes** of a segment leave dirty pages, which `DONTNEED` cannot drop until they are written back
+//!   (the kernel writes them after ~30 s). A *settler* thread takes each range written, waits for its
+//!   writeback (`sync_file_range`) and then drops it — off the reader's path: a cold read waits for the
+//!   fetch and the write into the page cache, never for the disk. A full queue (a burst of inserts) drops
+//!   the range at once instead, which starts its writeback and leaves it to the next read's drop.
+
+use std::fs::File;
+use std::num::NonZeroU64;
+use std::os::fd::AsRawFd;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+
+use rustix::fs::{fadvise, Advice};
+
+/// Ranges waiting for the settler at most.
+const QUEUE: usize = 256;
+
+/// The step ranges are widened to: the kernel drops only whole folios inside a range, and a file
+/// written or read in pieces is cached in large folios (up to 2 MiB) that straddle the pieces' edges.
+/// Dropping a neighbour's pages too costs nothing: every page of these files is cold.
+const STEP: u64 = 2 << 20;
+
+/// Drops the pages of `len` bytes at `offset` of `file` (widened to whole [`STEP`]s) from the page
+/// cache. Best effort: a failure only leaves them cached.
+pub fn drop_range(file: &File, offset: u64, len: u64) {
+    let start = offset / STEP * STEP;
+    let end = offset
+        .saturating_add(len)
+        .div_ceil(STEP)
+        .saturating_mul(STEP);
+    if let Some(len) = NonZeroU64::new(end.saturating_sub(start)) {
+        let _ = fadvise(file, start, Some(len), Advice::DontNeed);
+    }
+}
+
+/// Waits until the range's dirty pages are on disk (then they are clean, and droppable).
+fn write_back(file: &File, offset: u64, len: u64) {
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: a plain syscall on a descriptor `file` keeps open; no memory is passed. (rustix has no
+    // sync_file_range.)
+    unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) };
+}
+
+/// Hands written ranges to the settler thread (see the module documentation).
+pub struct Settler {
+    queue: SyncSender<(Arc<File>, u64, u64)>,
+}
+
+impl Settler {
+    /// Starts the settler thread; it ends when the `Settler` is dropped.
+    pub fn start() -> std::io::Result<Settler> {
+        let (queue, rx) = sync_channel(QUEUE);
+        std::thread::Builder::new()
+            .name("strata-cache-settle".into())
+            .spawn(move || settle(rx))?;
+        Ok(Settler { queue })
+    }
+
+    /// `len` bytes at `offset` of `file` were just written: drop their pages once they are on disk.
+    pub fn written(&self, file: &Arc<File>, offset: u64, len: u64) {
+        match self.queue.try_send((file.clone(), offset, len)) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+            Err(TrySendError::Full(_)) => drop_range(file, offset, len),
+        }
+    }
+}
+
+fn settle(rx: Receiver<(Arc<File>, u64, u64)>) {
+    for (file, offset, len) in rx {
+        let start = offset / STEP * STEP;
+        let end = offset
+            .saturating_add(len)
+            .div_ceil(STEP)
+            .saturating_mul(STEP);
+        write_back(&file, start, end - start);
+        drop_range(&file, offset, len);
+    }
+}
