@@ -243,12 +243,33 @@ fn progress_lines_in_a_log() {
     let o = store.run(&["build", path(&src), "--progress", "plain"]);
     assert!(o.status.success(), "{o:?}");
     let err = stderr(&o);
+    // Done of the total (the directory's size, summed beside the build) with a rate.
     assert!(
         err.lines()
-            .any(|l| l.contains(" read, ") && l.contains("/s")),
+            .any(|l| l.contains(" of 64.0 MiB (") && l.contains("/s")),
         "no progress line: {err}"
+    );
+    assert!(
+        err.lines()
+            .last()
+            .is_some_and(|l| l.starts_with("build: done, 64.0 MiB in ")),
+        "no last line: {err}"
+    );
+    // A short build says it is done too.
+    let o = store.run(&[
+        "build",
+        path(&tree("progress-small", 42)),
+        "--progress",
+        "plain",
+    ]);
+    let err = stderr(&o);
+    assert!(
+        err.lines()
+            .last()
+            .is_some_and(|l| l.starts_with("build: done, ")),
+        "{err}"
     );
     let o = store.run(&["build", path(&src), "--progress", "none"]);
     assert!(o.status.success(), "{o:?}");
-    assert!(!stderr(&o).contains(" read, "), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("build:"), "{}", stderr(&o));
 }

@@ -139,7 +139,7 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
         }
     };
     let mut flattened = None;
-    let layers = with_build_progress("import", &opts.clone(), || {
+    let layers = with_build_progress("import", &opts.clone(), None, || {
         import_layers(store, &image, &opts, report)
     })?;
     let parts = if a.flatten && layers.len() > 1 {
@@ -151,7 +151,7 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
             .labels
             .insert("strata.flatten.layers".into(), digests.len().to_string());
         fopts.config = LayerConfig::from_image(&config);
-        let built = with_build_progress("flatten", &fopts.clone(), || {
+        let built = with_build_progress("flatten", &fopts.clone(), None, || {
             strata_builder::flatten::flatten(store, &[], &digests, fopts)
         })?;
         flattened = Some((built.digest, built.descriptor.stats.clone()));

@@ -3,6 +3,8 @@
 use std::io::IsTerminal;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -64,16 +66,18 @@ pub struct BuildArgs {
     pub json: bool,
 }
 
-/// Shows a build's progress (bytes and files) while `f` runs, as `--progress` says.
+/// Shows a build's progress (bytes and files, of `total` once known) while `f` runs, as `--progress`
+/// says.
 pub(crate) fn with_build_progress<T>(
     what: &str,
     opts: &strata_builder::BuildOptions,
+    total: Option<Arc<AtomicU64>>,
     f: impl FnOnce() -> T,
 ) -> T {
     let c = crate::progress::Counters {
         bytes: opts.progress.clone(),
         files: Some(opts.files_done.clone()),
-        total: None,
+        total: total.unwrap_or_default(),
     };
     crate::progress::watch(what, c, f)
 }
@@ -105,7 +109,9 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
             .extend(resolve_layers(store, p).with_context(|| format!("parent {p}"))?);
     }
     let start = Instant::now();
-    let built = with_build_progress("build", &opts.clone(), || {
+    // A directory's size is summed beside the build; a tar stream's is unknown.
+    let total = (!a.tar).then(|| crate::progress::total_of_dir(&a.src));
+    let built = with_build_progress("build", &opts.clone(), total, || {
         if a.tar {
             let reader: Box<dyn std::io::Read + Send> = if a.src == Path::new("-") {
                 Box::new(std::io::stdin())

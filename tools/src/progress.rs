@@ -4,9 +4,14 @@
 //!
 //! - `tty` — a spinner line redrawn in place (indicatif);
 //! - `plain` — a line every few seconds (`STRATA_PROGRESS_SECS`, default 5), for CI logs and anything
-//!   else that is not a terminal: bytes, rate, files when counted, ETA when the total is known;
+//!   else that is not a terminal: bytes done (of the total and a percentage once the total is known),
+//!   rate, files when counted, ETA;
 //! - `none` — nothing;
 //! - `auto` (the default) — `tty` on a terminal, else `plain`.
+//!
+//! Both end with one last line, however short the work was: what was done, at what rate, in how long.
+//! A total comes from the work when it knows one, or from [`total_of_dir`], a walk that sums a
+//! directory's file sizes beside the build (stat only; the display has no total until it is done).
 //!
 //! The mode is chosen once per process ([`set_mode`], from the command line) and read by every command.
 //! The work reports through atomic counters the builder already keeps, so watching costs a thread that
@@ -50,8 +55,28 @@ pub struct Counters {
     pub bytes: Arc<AtomicU64>,
     /// Files processed, when the work counts them.
     pub files: Option<Arc<AtomicU64>>,
-    /// Total bytes, when known in advance (for the ETA).
-    pub total: Option<u64>,
+    /// Total bytes, 0 until known (for the percentage and the ETA).
+    pub total: Arc<AtomicU64>,
+}
+
+/// The total size of the regular files under `root` (not following symbolic links, on its own
+/// filesystem), summed by a thread of its own: 0 until the walk is done.
+pub fn total_of_dir(root: &std::path::Path) -> Arc<AtomicU64> {
+    let total = Arc::new(AtomicU64::new(0));
+    let (t, root) = (total.clone(), root.to_path_buf());
+    let _ = std::thread::Builder::new()
+        .name("strata-progress-total".into())
+        .spawn(move || {
+            let sum = walkdir::WalkDir::new(root)
+                .same_file_system(true)
+                .into_iter()
+                .filter_map(|e| e.ok()?.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum();
+            t.store(sum, Ordering::Relaxed);
+        });
+    total
 }
 
 impl Counters {
@@ -59,16 +84,39 @@ impl Counters {
         let n = self.bytes.load(Ordering::Relaxed);
         let secs = start.elapsed().as_secs_f64().max(0.001);
         let rate = n as f64 / secs;
-        let mut s = format!("{} read, {}/s, {:.0} s", human(n), human(rate as u64), secs);
+        let total = self.total.load(Ordering::Relaxed);
+        let mut s = match total {
+            0 => format!("{} read", human(n)),
+            t => format!(
+                "{} of {} ({:.0} %)",
+                human(n),
+                human(t),
+                100.0 * n as f64 / t as f64
+            ),
+        };
+        s.push_str(&format!(", {}/s, {:.0} s", human(rate as u64), secs));
         if let Some(f) = &self.files {
             s.push_str(&format!(", {} files", f.load(Ordering::Relaxed)));
         }
-        if let Some(total) = self.total.filter(|&t| t > 0) {
-            let pct = 100.0 * n as f64 / total as f64;
-            s.push_str(&format!(", {pct:.0} % of {}", human(total)));
-            if rate > 0.0 && n < total {
-                s.push_str(&format!(", ETA {:.0} s", (total - n) as f64 / rate));
-            }
+        if total > n && rate > 0.0 {
+            s.push_str(&format!(", ETA {:.0} s", (total - n) as f64 / rate));
+        }
+        s
+    }
+
+    /// What was done, at what rate, in how long (the total no longer matters: part of it may have been
+    /// left out, as excluded files are).
+    fn last_line(&self, start: Instant) -> String {
+        let n = self.bytes.load(Ordering::Relaxed);
+        let secs = start.elapsed().as_secs_f64().max(0.001);
+        let mut s = format!(
+            "{} in {:.1} s, {}/s",
+            human(n),
+            secs,
+            human((n as f64 / secs) as u64)
+        );
+        if let Some(f) = &self.files {
+            s.push_str(&format!(", {} files", f.load(Ordering::Relaxed)));
         }
         s
     }
@@ -117,8 +165,8 @@ pub fn watch<T>(what: &str, c: Counters, f: impl FnOnce() -> T) -> T {
     let _ = watcher.join();
     if let Some(b) = bar {
         b.finish_and_clear();
-    } else if start.elapsed() >= plain_interval() {
-        eprintln!("{what}: done, {}", c.line(start));
     }
+    // The last line, always: a short command's only one.
+    eprintln!("{what}: done, {}", c.last_line(start));
     out
 }

@@ -257,7 +257,7 @@ pub fn pack_diff(store: &Store, socket: &Path, a: PackDiffArgs) -> Result<()> {
     };
     let frozen_json = frozen.as_ref().map(Frozen::describe);
     let mut summary = UpperSummary::default();
-    let built = with_build_progress("pack_diff", &opts.clone(), || {
+    let built = with_build_progress("pack_diff", &opts.clone(), None, || {
         build_with(store, opts, |sink| {
             summary = walk_upper(&t.upper, &excludes, &mut check, sink)?;
             Ok(())
@@ -393,7 +393,7 @@ pub fn flatten(store: &Store, a: FlattenArgs) -> Result<()> {
     };
     opts.config = a.config.layer_config(store, inherited)?;
     let config = a.config.image_config(store, m.config.clone())?;
-    let built = with_build_progress("flatten", &opts.clone(), || {
+    let built = with_build_progress("flatten", &opts.clone(), None, || {
         strata_builder::flatten::flatten(store, &below, &range, opts)
     })?;
     let digest = put_image(
