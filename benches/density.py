@@ -5,7 +5,10 @@ overlay mounts of the same layer; then N sandboxes held at once (RSS of stratad'
 descriptor holder, and kernel slab memory per sandbox). The CLI's floor, a process started and waited for
 (`/bin/true`), is measured alongside.
 
-usage: sudo benches/density.py [--create 1000] [--hold 10000] [--dir /var/tmp]
+usage: sudo benches/density.py [--create 1000] [--hold 10000] [--dir /var/tmp] [--mount-mode MODE]...
+
+With --mount-mode (repeatable: file, loop, fuse), only the creation rate through the control socket is
+measured, for each mode in turn on a fresh daemon (the first sandbox, which mounts the layer, timed apart).
 Needs the release build ($CARGO_TARGET_DIR/release/{strata,stratad}) and busybox-static.
 """
 import argparse, os, shutil, subprocess, sys, tempfile, time
@@ -28,11 +31,36 @@ def rss(pid):
     return 0
 
 
+def per_mode(store, work, a):
+    """Sandbox creation rate through the control socket in each mount mode, alternating the modes over
+    three rounds; the first sandbox of each daemon (which mounts the layer) is timed on its own."""
+    rates = {m: [] for m in a.mount_mode}
+    first = {m: [] for m in a.mount_mode}
+    for _ in range(3):
+        for mode in a.mount_mode:
+            d = Daemon(store, work=f"{work}/{mode}", quiet=True, args=("--mount-mode", mode))
+            try:
+                t = time.time()
+                d.call("POST", "/v1/sandboxes", {"image": "density:v1", "id": "first"})
+                first[mode].append(time.time() - t)
+                t = time.time()
+                for i in range(a.create):
+                    d.call("POST", "/v1/sandboxes", {"image": "density:v1", "id": f"c{i}"})
+                rates[mode].append(a.create / (time.time() - t))
+            finally:
+                d.stop()
+    for mode in a.mount_mode:
+        print(f"| {mode}: sandboxes created through stratad (median of 3 x {a.create}) | "
+              f"{sorted(rates[mode])[1]:.0f}/s (first sandbox, layer mounted: "
+              f"{sorted(first[mode])[1] * 1000:.0f} ms) |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--create", type=int, default=1000)
     ap.add_argument("--hold", type=int, default=10000)
     ap.add_argument("--dir", default="/var/tmp", help="where the store, state and sandboxes go (a disk filesystem)")
+    ap.add_argument("--mount-mode", action="append", default=[], help="measure creation in these modes only")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="strata-density-", dir=a.dir)
     store = f"file://{work}/store"
@@ -41,6 +69,11 @@ def main():
     shutil.copy("/bin/busybox", f"{root}/bin/busybox")
     subprocess.run([BIN["strata"], "--store", store, "build", root, "-t", "density:v1"], check=True,
                    stdout=subprocess.DEVNULL)
+    if a.mount_mode:
+        try:
+            return per_mode(store, work, a)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     d = Daemon(store, work=work, quiet=True)
     call = d.call
     try:
