@@ -22,6 +22,7 @@ mod index;
 mod layers;
 mod node;
 mod progress;
+mod registry;
 mod signals;
 mod snapshot;
 mod systemd;
