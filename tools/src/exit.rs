@@ -42,7 +42,7 @@ pub struct Usage(pub String);
 
 fn store_code(e: &StoreError) -> i32 {
     match e {
-        StoreError::NotFound(_) | StoreError::NoStore { .. } => 3,
+        StoreError::NotFound(_) | StoreError::NoStore { .. } | StoreError::NoBucket { .. } => 3,
         StoreError::TagConflict { .. } => 4,
         StoreError::Corrupt { .. } | StoreError::Malformed { .. } | StoreError::Model(_) => 5,
         StoreError::Backend { .. } | StoreError::Timeout { .. } => 6,

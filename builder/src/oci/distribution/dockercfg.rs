@@ -106,15 +106,17 @@ fn run_helper(name: &str, file: &Path, registry: &str) -> Result<Option<Found>, 
         .spawn();
     let mut child = match child {
         Ok(c) => c,
-        Err(e) => return Err(auth_error(
-            registry,
-            format!(
+        Err(e) => {
+            return Err(auth_error(
+                registry,
+                format!(
                 "{} keeps registry credentials in the credential helper {program}, which cannot \
                      be run ({e}); install it, or give credentials with `strata login {registry}`, \
                      --creds or STRATA_REGISTRY_USER/STRATA_REGISTRY_PASSWORD",
                 file.display()
             ),
-        )),
+            ))
+        }
     };
     if let Some(mut stdin) = child.stdin.take() {
         // A helper that exits without reading closes the pipe: its answer says why.
