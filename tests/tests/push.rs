@@ -6,13 +6,14 @@
 //! htpasswd Basic auth (which `docker-registry` serves over plain HTTP on loopback): `strata login`
 //! refuses a wrong password (exit 2, nothing written), stores a good one in `$DOCKER_CONFIG/config.json`
 //! (0600, other keys kept), pushes and pulls then find it there, a `credsStore` helper is run, and
-//! after `strata logout` a push is refused with the way to log in.
+//! after `strata logout` a push is refused with the way to log in. Through a bearer-token front
+//! (`TokenFront`): the token is asked for with push scope, and a wrong password is exit 2.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Output;
 
-use strata_tests::registry::Registry;
+use strata_tests::registry::{Registry, TokenFront};
 use strata_tests::*;
 
 fn stderr(o: &Output) -> String {
@@ -196,4 +197,34 @@ fn login_stores_credentials_that_push_and_pull_use() {
         "{}",
         stderr(&o)
     );
+}
+
+#[test]
+fn push_through_the_bearer_token_flow_asks_for_push_scope() {
+    let Some(reg) = Registry::start(None) else {
+        return;
+    };
+    let work = scratch("push-token");
+    let front = TokenFront::start(&reg, "dave", "tok3n", work.path());
+    let dir = scratch("push-token-src");
+    let store = image(dir.path());
+    let dest = format!("docker://127.0.0.1:{}/tok/app:v1", front.port);
+    let o = store.run(&["push", "app:v1", &dest, "--creds", "dave:wrong"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("token from"), "{}", stderr(&o));
+    let out = json(&store.ok(&["push", "app:v1", &dest, "--creds", "dave:tok3n", "--json"]));
+    assert!(n(&out, "uploaded_blobs") >= 2, "{out}");
+    let log = front.log();
+    assert!(
+        log.contains("scope=repository%3Atok%2Fapp%3Apull%2Cpush"),
+        "{log}"
+    );
+    assert!(log.contains("ok PATCH /v2/tok/app/blobs/uploads/"), "{log}");
+    assert!(log.contains("ok PUT /v2/tok/app/manifests/v1"), "{log}");
+    // What went through the front is in the registry behind it.
+    let dir2 = scratch("push-token-dst");
+    let other = StoreEnv::local(dir2.path());
+    let src = format!("docker://{}/tok/app:v1", reg.host());
+    let pulled = json(&other.ok(&["pull", &src, "--json"]));
+    assert_eq!(pulled["oci_manifest"], out["manifest"]);
 }

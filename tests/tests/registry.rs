@@ -238,7 +238,7 @@ fn bearer_token_flow() {
         log.contains("service=strata-test") && log.contains("scope=repository%3Atok%2Fimg%3Apull"),
         "{log}"
     );
-    assert!(log.contains("ok /v2/tok/img/blobs/sha256:"), "{log}");
+    assert!(log.contains("ok GET /v2/tok/img/blobs/sha256:"), "{log}");
     assert_eq!(
         store.ok(&["cat", "t:v1", "/opq/fresh"]),
         "only this is left"
