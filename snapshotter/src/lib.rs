@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use strata_builder::oci::distribution::auth::Credentials;
 
 use crate::snapshots::Snapshots;
 
@@ -58,10 +59,47 @@ enum Cmd {
         /// containerd's socket.
         #[arg(long, default_value = "/run/containerd/containerd.sock")]
         containerd: PathBuf,
-        /// Registry credentials `USER:PASSWORD` (else containerd's own registry configuration).
+        /// Registry credentials `USER:PASSWORD` (else STRATA_REGISTRY_USER/STRATA_REGISTRY_PASSWORD, then
+        /// the registry's entry in an auth file — $DOCKER_CONFIG/config.json or ~/.docker/config.json,
+        /// as `strata login` writes it — as `strata import` finds them; else containerd's own registry
+        /// configuration).
         #[arg(long, env = "STRATA_REGISTRY_CREDS", hide_env_values = true)]
         creds: Option<String>,
     },
+}
+
+/// The registry host of a CRI image name: its first component when that names a host
+/// (`HOST[:PORT]/…`, `localhost/…`), else Docker Hub.
+fn registry_host(image: &str) -> &str {
+    match image.split_once('/') {
+        Some((h, _)) if h.contains(['.', ':']) || h == "localhost" => h,
+        _ => "docker.io",
+    }
+}
+
+/// The credentials of a pull's `PullImage` request: `--creds`, else those `strata import` would use
+/// for the image's registry ([`Credentials::find`]); `None` leaves containerd's own configuration.
+fn pull_auth(image: &str, creds: Option<String>) -> anyhow::Result<Option<(String, String)>> {
+    if let Some(c) = creds {
+        return Ok(Some(match c.split_once(':') {
+            Some((u, p)) => (u.to_string(), p.to_string()),
+            None => (c, String::new()),
+        }));
+    }
+    let host = registry_host(image);
+    let mut found = Credentials::find(host)?;
+    if found.is_none() && host == "docker.io" {
+        // Docker Hub's entry is under `index.docker.io`.
+        found = Credentials::find("index.docker.io")?;
+    }
+    match found {
+        Some(f) => f
+            .credentials
+            .user_password()
+            .map(Some)
+            .ok_or_else(|| anyhow::anyhow!("{}: not base64 of USER:PASSWORD", f.from)),
+        None => Ok(None),
+    }
 }
 
 /// Runs `f` to completion on a small runtime.
@@ -110,10 +148,7 @@ pub fn main() -> anyhow::Result<()> {
         creds,
     }) = args.cmd
     {
-        let auth = creds.map(|c| match c.split_once(':') {
-            Some((u, p)) => (u.to_string(), p.to_string()),
-            None => (c, String::new()),
-        });
+        let auth = pull_auth(&image, creds)?;
         let id = block_on(grpc::cri::pull(&containerd, &image, auth))??;
         println!("{id}");
         return Ok(());
@@ -144,4 +179,19 @@ pub fn main() -> anyhow::Result<()> {
         grpc::serve(s, &args.address, shutdown).await
     })??;
     Ok(())
+}
+
+#[cfg(test)]
+mod pull_tests {
+    #[test]
+    fn registry_hosts() {
+        assert_eq!(
+            super::registry_host("127.0.0.1:5000/a/b:v1"),
+            "127.0.0.1:5000"
+        );
+        assert_eq!(super::registry_host("localhost/a:v1"), "localhost");
+        assert_eq!(super::registry_host("reg.example/a"), "reg.example");
+        assert_eq!(super::registry_host("library/debian:12"), "docker.io");
+        assert_eq!(super::registry_host("debian"), "docker.io");
+    }
 }

@@ -95,11 +95,22 @@ impl Snapshotter {
 
     /// `strata-snapshotter pull IMAGE` through containerd's CRI plugin.
     pub fn pull(&self, containerd: &Containerd, image: &str) -> Output {
+        self.pull_with_env(containerd, image, &[])
+    }
+
+    /// [`Snapshotter::pull`] with more environment (`DOCKER_CONFIG`, say).
+    pub fn pull_with_env(
+        &self,
+        containerd: &Containerd,
+        image: &str,
+        env: &[(&str, &std::path::Path)],
+    ) -> Output {
         Command::new(snapshotter_bin())
             .arg("pull")
             .arg(image)
             .arg("--containerd")
             .arg(&containerd.socket)
+            .envs(env.iter().map(|(k, v)| (*k, *v)))
             .output()
             .expect("run strata-snapshotter pull")
     }

@@ -3,7 +3,7 @@
 //! htpasswd Basic auth ([`Registry::start`]) or behind a bearer-token front ([`TokenFront`]): a small
 //! Python server that plays the distribution token flow — `401` with a `Bearer realm=…,service=…,
 //! scope=…` challenge, a token endpoint that checks Basic credentials, and requests with a good token
-//! forwarded to the registry. Images are pushed with `skopeo copy`.
+//! forwarded to the registry (pushes too: bodies forwarded, upload `Location`s pointed back at the front). Images are pushed with `skopeo copy`.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
@@ -137,8 +137,13 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_header('Content-Length', str(len(body))); self.end_headers()
         if self.command != 'HEAD': self.wfile.write(body)
     def do_HEAD(self): self.do_GET()
+    def do_POST(self): self.do_GET()
+    def do_PUT(self): self.do_GET()
+    def do_PATCH(self): self.do_GET()
     def do_GET(self):
         auth = self.headers.get('Authorization', '')
+        n = int(self.headers.get('Content-Length') or 0)
+        body = self.rfile.read(n) if n else None
         if self.path.startswith('/token'):
             note('token ' + self.path)
             if auth != want:
@@ -150,16 +155,20 @@ class H(http.server.BaseHTTPRequestHandler):
             ch = f'Bearer realm="http://127.0.0.1:{port}/token",service="strata-test"'
             return self.send(401, b'{"errors":[{"code":"UNAUTHORIZED","message":"token needed"}]}',
                              [('WWW-Authenticate', ch), ('Content-Type', 'application/json')])
-        note('ok ' + self.path)
-        req = urllib.request.Request(upstream + self.path, method=self.command)
-        if 'Accept' in self.headers: req.add_header('Accept', self.headers['Accept'])
+        note('ok ' + self.command + ' ' + self.path)
+        req = urllib.request.Request(upstream + self.path, data=body, method=self.command)
+        for k in ['Accept', 'Content-Type', 'Content-Range']:
+            if k in self.headers: req.add_header(k, self.headers[k])
         try:
             r = urllib.request.urlopen(req)
         except urllib.error.HTTPError as e:
             r = e
         self.send_response(r.status)
-        for k in ['Content-Type', 'Content-Length', 'Docker-Content-Digest']:
+        for k in ['Content-Type', 'Content-Length', 'Docker-Content-Digest', 'Range']:
             if r.headers.get(k): self.send_header(k, r.headers[k])
+        # Uploads continue through the front, not at the registry behind it.
+        if r.headers.get('Location'):
+            self.send_header('Location', r.headers['Location'].replace(upstream, f'http://127.0.0.1:{port}'))
         self.end_headers()
         if self.command != 'HEAD': shutil.copyfileobj(r, self.wfile)
 http.server.ThreadingHTTPServer(('127.0.0.1', port), H).serve_forever()
@@ -189,7 +198,7 @@ impl TokenFront {
         TokenFront { port, child, log }
     }
 
-    /// What it served: `token /token?…` and `ok /v2/…` lines.
+    /// What it served: `token /token?…` and `ok METHOD /v2/…` lines.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -15,8 +15,8 @@ use strata_tests::registry::Registry;
 use strata_tests::{busybox_rootfs, can_mount, json, random_bytes, scratch, Daemon, StoreEnv};
 
 /// Builds a two-layer image `ctd/app:v1` (busybox below, data above: `hello.txt`, 100 small files and
-/// a cold 12 MiB file no test reads), exports it to a layout (strata annotations unless `plain`) and
-/// pushes it as `repo`; returns the exported layer digests (the registry's blobs).
+/// a cold 12 MiB file no test reads) and pushes it as `repo` with `strata export … docker://`
+/// (strata annotations unless `plain`); returns the exported layer digests (the registry's blobs).
 fn publish(store: &StoreEnv, registry: &Registry, repo: &str, plain: bool) -> Vec<String> {
     if store
         .run(&["inspect", "ctd/app:v1", "--json"])
@@ -56,15 +56,15 @@ fn publish(store: &StoreEnv, registry: &Registry, repo: &str, plain: bool) -> Ve
     export(store, registry, repo, plain)
 }
 
+/// Pushes `ctd/app:v1` to the registry with strata's own push (`strata export … docker://`); returns
+/// its layer digests.
 fn export(store: &StoreEnv, registry: &Registry, repo: &str, plain: bool) -> Vec<String> {
-    let layout = scratch("ctd-layout");
-    let dest = format!("oci:{}:v1", p(layout.path()));
+    let dest = format!("docker://{}/{repo}:v1", registry.host());
     let mut args = vec!["export", "ctd/app:v1", &dest, "--json"];
     if plain {
         args.push("--no-strata-annotations");
     }
     let out = json(&store.ok(&args));
-    registry.push(&dest, &format!("{repo}:v1"), None, false);
     out["layers"]
         .as_array()
         .expect("layers")
@@ -129,10 +129,15 @@ struct Node {
 }
 
 fn node() -> Option<Node> {
+    node_with(None)
+}
+
+/// A node whose registry wants `user` (htpasswd Basic auth), if given.
+fn node_with(user: Option<(&str, &str)>) -> Option<Node> {
     if !can_mount() || !have_containerd() {
         return None;
     }
-    let registry = Registry::start(None)?;
+    let registry = Registry::start(user)?;
     let sdir = scratch("ctd-store");
     let store = StoreEnv::local(sdir.path());
     let d = Daemon::start(&store, &["--cache-size", "1G"]);
@@ -293,4 +298,47 @@ fn containers_keep_reading_while_the_snapshotter_and_stratad_restart() {
     let got = run(&n, "k8s.io", &lazy, "after", &["cat", "/data/hello.txt"]);
     assert_eq!(got, "hello from strata\n");
     assert_eq!(holds(&n.d).len(), 2);
+}
+
+#[test]
+fn the_cri_pull_takes_credentials_from_the_docker_config() {
+    let Some(n) = node_with(Some(("carol", "pa55"))) else {
+        return;
+    };
+    let cfg = scratch("ctd-docker-config");
+    let host = n.registry.host();
+    let store = StoreEnv {
+        url: n.store.url.clone(),
+        env: n
+            .store
+            .env
+            .iter()
+            .cloned()
+            .chain([("DOCKER_CONFIG".into(), p(cfg.path()).to_string())])
+            .collect(),
+    };
+    let login = ["login", host.as_str(), "-u", "carol", "--password-stdin"];
+    let o = store.run_with_stdin(&login, Some(b"pa55\n"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    publish(&store, &n.registry, "auth/app", false);
+    let image = format!("{host}/auth/app:v1");
+
+    // Without credentials containerd is refused; with the docker config strata login wrote, the
+    // PullImage request carries them.
+    let out = n.snap.pull(&n.ctd, &image);
+    assert!(
+        !out.status.success(),
+        "an anonymous pull of a private image"
+    );
+    let out = n
+        .snap
+        .pull_with_env(&n.ctd, &image, &[("DOCKER_CONFIG", cfg.path())]);
+    assert!(
+        out.status.success(),
+        "pull with the docker config: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        n.ctd.log_tail()
+    );
+    let got = run(&n, "k8s.io", &image, "auth1", &["cat", "/data/hello.txt"]);
+    assert_eq!(got, "hello from strata\n");
 }

@@ -171,3 +171,54 @@ fn import_records_travel_with_the_image() {
     assert_eq!(again["stored_bytes"], 0, "{again}");
     assert_eq!(again["digest"], sent["digest"]);
 }
+
+#[test]
+fn copy_carries_the_chunk_index_so_the_next_build_deduplicates() {
+    let sdir = scratch("idx-src");
+    let src = StoreEnv::local(sdir.path());
+    let tree = scratch("idx-tree");
+    std::fs::write(tree.path().join("big"), random_bytes(8 << 20, 11)).expect("write");
+    std::fs::write(tree.path().join("small"), b"small").expect("write");
+    let t = tree.path().to_str().expect("utf8");
+    src.ok(&["build", t, "-t", "idx:v1"]);
+    let ddir = scratch("idx-dst");
+    let dst = StoreEnv::local(ddir.path());
+    let c = copy(&src, "idx:v1", &dst, &[]);
+    assert!(n(&c, "index_segments") >= 1, "{c}");
+    // The same tree built into the destination finds every chunk there.
+    let built = json(&dst.ok(&["build", t, "--json"]));
+    assert_eq!(built["stats"]["new_chunks"], 0, "{built}");
+    assert_eq!(built["stats"]["new_bytes"], 0, "{built}");
+    // A second copy has nothing to send, segments included.
+    let again = copy(&src, "idx:v1", &dst, &[]);
+    assert_eq!(n(&again, "sent_objects"), 0, "{again}");
+}
+
+#[test]
+fn a_missing_bucket_is_a_missing_store_in_every_command() {
+    let Some(s3) = S3Server::start("present") else {
+        return;
+    };
+    let gone = s3.store("nobucket", "p");
+    let dir = scratch("nobucket-src");
+    let local = StoreEnv::local(dir.path());
+    build_image(&local, "img:v1", &[("a", b"a".to_vec())]);
+    let tree = scratch("nobucket-tree");
+    std::fs::write(tree.path().join("f"), b"f").expect("write");
+    let t = tree.path().to_str().expect("utf8");
+    let runs = [
+        gone.run(&["images"]),
+        gone.run(&["inspect", "img:v1"]),
+        gone.run(&["build", t]),
+        gone.run(&["gc"]),
+        with_env_of(&local, &gone).run(&["copy", "img:v1", "--to", &gone.url]),
+    ];
+    for o in runs {
+        assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("does not exist (no bucket nobucket)"),
+            "{}",
+            stderr(&o)
+        );
+    }
+}

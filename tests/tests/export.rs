@@ -134,7 +134,8 @@ fn skopeo_takes_an_export_to_a_registry() {
         store.ok(&["cat", "bb:back", "/data/hello"]),
         "hello from strata"
     );
-    let o = store.run(&["export", "bb:v1", "docker://x/y"]);
+    // A registry reference without a repository is bad usage.
+    let o = store.run(&["export", "bb:v1", "docker://x"]);
     assert_eq!(
         o.status.code(),
         Some(2),

@@ -172,8 +172,9 @@ fn basic_auth_from_flags_environment_and_auth_file() {
         return;
     };
     let src = format!("docker://{}/private/img:v1", reg.host());
+    // Refused credentials, or none where the registry wants some: exit 2.
     let o = store.run(&["import", &src, "-t", "p:anon"]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(
         e.contains(&reg.host()) && e.contains("401") && e.contains("--creds"),
@@ -181,6 +182,7 @@ fn basic_auth_from_flags_environment_and_auth_file() {
     );
     let o = store.run(&["import", &src, "-t", "p:wrong", "--creds", "alice:nope"]);
     assert!(stderr(&o).contains("HTTP 401"), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let flags = import(&store, &src, "p:flags", &["--creds", "alice:s3cret"]);
 
     // An auth file entry (as `skopeo login` writes it).
@@ -227,7 +229,7 @@ fn bearer_token_flow() {
     let front = TokenFront::start(&reg, "bob", "pw", work.path());
     let src = format!("docker://127.0.0.1:{}/tok/img:v1", front.port);
     let o = store.run(&["import", &src, "-t", "t:anon"]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("token from"), "{}", stderr(&o));
     let out = import(&store, &src, "t:v1", &["--creds", "bob:pw"]);
     assert!(out["stored_bytes"].as_u64().expect("n") > 0);
@@ -236,7 +238,7 @@ fn bearer_token_flow() {
         log.contains("service=strata-test") && log.contains("scope=repository%3Atok%2Fimg%3Apull"),
         "{log}"
     );
-    assert!(log.contains("ok /v2/tok/img/blobs/sha256:"), "{log}");
+    assert!(log.contains("ok GET /v2/tok/img/blobs/sha256:"), "{log}");
     assert_eq!(
         store.ok(&["cat", "t:v1", "/opq/fresh"]),
         "only this is left"

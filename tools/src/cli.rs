@@ -8,7 +8,7 @@ use strata_registry::store::{Store, StoreOptions, DEFAULT_STORE};
 
 use crate::{
     catalog, compose, copy, export, images, import, index, layers, manual, node, progress,
-    snapshot, trace, view, vm,
+    registry, snapshot, trace, view, vm,
 };
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
@@ -136,10 +136,21 @@ pub enum Cmd {
     /// description in DIR (vm.json, qemu.sh, ...). See docs/VM.md.
     Vm(vm::VmArgs),
     /// Import an OCI image layout (oci:DIR[:REF]), docker save archive (docker-archive:FILE[:REF]) or an
-    /// image from a registry (docker://HOST[:PORT]/REPO[:TAG|@DIGEST]).
+    /// image from a registry (docker://HOST[:PORT]/REPO[:TAG|@DIGEST]). `strata pull` is the same.
+    #[command(visible_alias = "pull")]
     Import(import::ImportArgs),
-    /// Write an image as an OCI image layout (oci:DIR[:REF]) that umoci and skopeo read.
+    /// Write an image as an OCI image layout (oci:DIR[:REF]) that umoci and skopeo read, or push it to
+    /// a registry (docker://HOST[:PORT]/REPO[:TAG]). `strata push` is the same.
+    #[command(visible_alias = "push")]
     Export(export::ExportArgs),
+    /// Check credentials for a registry and store them in the docker config file
+    /// ($DOCKER_CONFIG/config.json or ~/.docker/config.json), where pulls and pushes find them.
+    Login(registry::LoginArgs),
+    /// Remove a registry's credentials from the docker config file.
+    Logout {
+        /// The registry: HOST[:PORT].
+        registry: String,
+    },
     /// Copy an image into another store (file:// or s3://), sending only the objects it lacks.
     Copy(copy::CopyArgs),
     /// Pack a sandbox's writable delta (an overlay upper directory) as a diff layer on its image.
@@ -268,6 +279,8 @@ pub fn run(cli: Cli) -> Result<()> {
         } => return node::bundle(socket, &image, &sandbox, &dir),
         Cmd::Completions(a) => return manual::completions(a),
         Cmd::Man(a) => return manual::man(a),
+        Cmd::Login(a) => return registry::login(a),
+        Cmd::Logout { registry } => return registry::logout(&registry),
         cmd => cmd,
     };
     // Only commands that add to a store create it; the rest need one that exists.
@@ -303,6 +316,8 @@ pub fn run(cli: Cli) -> Result<()> {
         | Cmd::Daemon(_)
         | Cmd::Completions(_)
         | Cmd::Man(_)
+        | Cmd::Login(_)
+        | Cmd::Logout { .. }
         | Cmd::Ps { .. } => Ok(()),
     }
 }

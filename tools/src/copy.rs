@@ -15,6 +15,11 @@
 //! decoding it, JSON objects against their digest. Index objects (the import record, the plan pointer)
 //! are hints and are rewritten.
 //!
+//! **The chunk index.** Each blob's index segment (`index/<blob>`, see `strata_registry::index`) goes
+//! with it, right after the blob and before the metadata (the store's write order), so that the next
+//! build into the destination deduplicates against the copied chunks. A source without a segment for
+//! a blob (written before the index) gets one derived from the blob in the destination.
+//!
 //! **The tag** moves by compare-and-swap on the destination. An existing tag naming another image is
 //! refused unless `--force`; one already naming this image is left alone.
 
@@ -27,6 +32,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use serde_json::json;
 use strata_registry::digest::{Digest, Hasher};
+use strata_registry::index::{segment_key, Segment};
 use strata_registry::model::TagName;
 use strata_registry::store::{key, Store, StoreError};
 
@@ -60,6 +66,8 @@ struct Tally {
     sent_bytes: u64,
     skipped: u64,
     skipped_bytes: u64,
+    /// Index segments written.
+    segments: u64,
 }
 
 struct Copier<'a> {
@@ -113,6 +121,30 @@ impl Copier<'_> {
         result?;
         self.dst.put_blob_file(d, &spool)?;
         self.sent(size);
+        Ok(())
+    }
+
+    /// The index segment of a blob the destination has (so that builds into the destination
+    /// deduplicate against its chunks): the source's, checked, or — a source written before the index
+    /// — derived from the blob in the destination.
+    fn segment(&mut self, d: &Digest) -> Result<()> {
+        let k = segment_key(d);
+        let Some(size) = self.src.backend().head(&k)?.map(|m| m.size) else {
+            if self.dst.backfill_segment(d)? {
+                self.tally.segments += 1;
+            }
+            return Ok(());
+        };
+        if self.skip(&k, size)? {
+            return Ok(());
+        }
+        let Some(b) = self.src.get_index(&k)? else {
+            return Ok(());
+        };
+        Segment::decode(&k, &b)?;
+        self.dst.put_index(&k, b.to_vec())?;
+        self.sent(size);
+        self.tally.segments += 1;
         Ok(())
     }
 
@@ -195,6 +227,7 @@ impl Copier<'_> {
         let desc = self.src.get_layer(d)?;
         for b in &desc.blobs {
             self.blob(&b.digest)?;
+            self.segment(&b.digest)?;
         }
         self.meta(&desc.meta.digest)?;
         self.json(&key::layer(d), d)?;
@@ -292,6 +325,7 @@ pub fn copy(src: &Store, a: CopyArgs, timeout: std::time::Duration) -> Result<()
                 "sent_bytes": t.sent_bytes,
                 "skipped_objects": t.skipped,
                 "skipped_bytes": t.skipped_bytes,
+                "index_segments": t.segments,
                 "seconds": start.elapsed().as_secs_f64(),
             })
         );

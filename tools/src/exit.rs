@@ -4,7 +4,7 @@
 //! |---|---|
 //! | 0 | success |
 //! | 1 | any other failure |
-//! | 2 | bad usage (unknown flag, invalid reference or option) |
+//! | 2 | bad usage (unknown flag, invalid reference or option), or credentials a registry refuses or wants |
 //! | 3 | not found (image, tag, layer, path in an image, source) |
 //! | 4 | conflict (a tag changed concurrently, or names another image and --force was not given) |
 //! | 5 | corrupt or malformed data (digest mismatch, bad metadata, bad tar, a broken OCI source, a tag that cannot be followed) |
@@ -42,7 +42,7 @@ pub struct Usage(pub String);
 
 fn store_code(e: &StoreError) -> i32 {
     match e {
-        StoreError::NotFound(_) | StoreError::NoStore { .. } => 3,
+        StoreError::NotFound(_) | StoreError::NoStore { .. } | StoreError::NoBucket { .. } => 3,
         StoreError::TagConflict { .. } => 4,
         StoreError::Corrupt { .. } | StoreError::Malformed { .. } | StoreError::Model(_) => 5,
         StoreError::Backend { .. } | StoreError::Timeout { .. } => 6,
@@ -53,7 +53,7 @@ fn store_code(e: &StoreError) -> i32 {
 
 fn oci_code(e: &OciError) -> i32 {
     match e {
-        OciError::Usage(_) => 2,
+        OciError::Usage(_) | OciError::Auth { .. } => 2,
         OciError::NotFound(_) => 3,
         OciError::MissingBlob { .. }
         | OciError::DigestMismatch { .. }

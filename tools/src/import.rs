@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::Result;
 use serde_json::json;
 use strata_builder::import::{import_layers, ImportedLayer};
-use strata_builder::oci::distribution::{self, auth::Credentials, PullOptions};
+use strata_builder::oci::distribution::{self, Reference, RegistryRef};
 use strata_builder::oci::{self, Platform, Source};
 use strata_builder::BuildOptions;
 use strata_registry::model::{LayerConfig, LayerKind, TagName};
@@ -33,9 +33,9 @@ pub struct ImportArgs {
     /// oci:DIR[:REF] (an OCI image layout), docker-archive:FILE[:REPO:TAG] (`docker save` output) or
     /// docker://HOST[:PORT]/REPO[:TAG|@sha256:DIGEST] (a registry).
     pub src: String,
-    /// Tag for the imported image.
+    /// Tag for the imported image (default for docker://: the reference's REPO:TAG).
     #[arg(short = 't', long = "tag")]
-    pub tag: String,
+    pub tag: Option<String>,
     /// Move the tag if it already names another image.
     #[arg(long)]
     pub force: bool,
@@ -45,20 +45,8 @@ pub struct ImportArgs {
     /// Make one layer of the whole image instead of one per OCI layer.
     #[arg(long)]
     pub flatten: bool,
-    /// docker://: plain HTTP for any registry (loopback registries may use it anyway).
-    #[arg(long)]
-    pub plain_http: bool,
-    /// docker://: USER:PASSWORD for the registry (else STRATA_REGISTRY_USER/STRATA_REGISTRY_PASSWORD,
-    /// then the registry's entry in an auth file: REGISTRY_AUTH_FILE, containers/auth.json,
-    /// ~/.docker/config.json).
-    #[arg(long, env = "STRATA_REGISTRY_CREDS", hide_env_values = true)]
-    pub creds: Option<String>,
-    /// docker://: seconds one registry request may take, its whole body included (a layer blob).
-    #[arg(long, env = "STRATA_REGISTRY_TIMEOUT", value_name = "SECS", default_value = "3600", value_parser = crate::cli::parse_secs)]
-    pub registry_timeout: std::time::Duration,
-    /// docker://: seconds a registry request may wait for its next bytes.
-    #[arg(long, env = "STRATA_REGISTRY_STALL_TIMEOUT", value_name = "SECS", default_value = "60", value_parser = crate::cli::parse_secs)]
-    pub registry_stall_timeout: std::time::Duration,
+    #[command(flatten)]
+    pub registry: crate::registry::RegistryArgs,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -71,32 +59,46 @@ pub struct ImportArgs {
     pub json: bool,
 }
 
+/// The tag a registry image is imported as without `-t`: its repository and tag (`REPO:TAG`, as
+/// `docker pull` names it; `REPO:latest` for a reference by digest).
+fn default_tag(r: &RegistryRef) -> Result<TagName> {
+    let tag = match &r.reference {
+        Reference::Tag(t) => t.as_str(),
+        Reference::Digest(_) => "latest",
+    };
+    let name = r
+        .repository
+        .strip_prefix("library/")
+        .unwrap_or(&r.repository);
+    TagName::parse(&format!("{name}:{tag}")).map_err(|e| {
+        Usage(format!(
+            "docker://{r}: cannot be a strata tag ({e}); give one with -t"
+        ))
+        .into()
+    })
+}
+
 /// `strata import`.
 pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
-    let tag = TagName::parse(&a.tag)?;
     let source = Source::parse(&a.src)?;
+    let tag = match (&a.tag, &source) {
+        (Some(t), _) => TagName::parse(t)?,
+        (None, Source::Registry(r)) => default_tag(r)?,
+        (None, _) => {
+            return Err(Usage(format!(
+                "{}: give the tag to import as with -t NAME:TAG",
+                a.src
+            ))
+            .into())
+        }
+    };
     let platform = match &a.platform {
         Some(p) => Platform::parse(p)?,
         None => Platform::host(),
     };
     let start = Instant::now();
     let image = match &source {
-        Source::Registry(r) => {
-            let credentials = match &a.creds {
-                Some(c) => Some(
-                    Credentials::parse(c)
-                        .ok_or_else(|| Usage("--creds: expected USER:PASSWORD".into()))?,
-                ),
-                None => None,
-            };
-            let opts = PullOptions {
-                plain_http: a.plain_http,
-                credentials,
-                timeout: a.registry_timeout,
-                stall_timeout: a.registry_stall_timeout,
-            };
-            distribution::open(r, &platform, &opts)?
-        }
+        Source::Registry(r) => distribution::open(r, &platform, &a.registry.options()?)?,
         _ => oci::open(&source, &platform)?,
     };
     let config = a.config.image_config(store, image.config.clone())?;

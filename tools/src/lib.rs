@@ -25,6 +25,7 @@ mod layers;
 mod manual;
 mod node;
 mod progress;
+mod registry;
 mod signals;
 mod snapshot;
 mod systemd;

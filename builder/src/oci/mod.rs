@@ -86,6 +86,10 @@ pub enum OciError {
         /// The registry's own error codes and messages, or how to fix it.
         detail: String,
     },
+    /// A registry refused the credentials, wants some and none were found, or where they are kept
+    /// cannot give them (a credential helper).
+    #[error("registry {registry}: {why}")]
+    Auth { registry: String, why: String },
     /// A registry request did not complete in time: no bytes for the stall timeout, or not all of
     /// them within the request's deadline.
     #[error(
@@ -113,7 +117,7 @@ pub enum OciError {
 }
 
 impl OciError {
-    fn io(path: impl fmt::Display, source: io::Error) -> OciError {
+    pub(crate) fn io(path: impl fmt::Display, source: io::Error) -> OciError {
         OciError::Io {
             path: path.to_string(),
             source,

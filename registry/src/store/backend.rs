@@ -49,7 +49,24 @@ pub struct ObjectStoreBackend {
     deadline: Duration,
 }
 
+/// True when an S3 error says the bucket itself is missing (its body's `NoSuchBucket` code, which
+/// object_store keeps in the error's text): every request of the store fails alike, reads with a
+/// 404 that would otherwise read as a missing object.
+fn no_bucket(e: &object_store::Error) -> bool {
+    e.to_string().contains("<Code>NoSuchBucket</Code>")
+}
+
 fn s3_err(url: &str, key: &str, e: object_store::Error) -> StoreError {
+    if no_bucket(&e) {
+        let bucket = url
+            .strip_prefix("s3://")
+            .and_then(|r| r.split('/').next())
+            .unwrap_or(url);
+        return StoreError::NoBucket {
+            url: url.to_string(),
+            bucket: bucket.to_string(),
+        };
+    }
     match e {
         object_store::Error::NotFound { .. } => StoreError::NotFound(key.to_string()),
         object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. } => {
@@ -315,7 +332,7 @@ impl ObjectStoreBackend {
                 version: r.version,
             }),
             // S3 answers if-match on an absent object with 404: a lost race all the same.
-            Err(object_store::Error::NotFound { .. }) if conditional => {
+            Err(e @ object_store::Error::NotFound { .. }) if conditional && !no_bucket(&e) => {
                 Err(StoreError::Precondition(key.to_string()))
             }
             Err(e) => Err(self.err(key, e)),

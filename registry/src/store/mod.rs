@@ -117,6 +117,9 @@ pub enum StoreError {
         "store {url} does not exist (no directory {path}); the first build or import creates it"
     )]
     NoStore { url: String, path: PathBuf },
+    /// An `s3://` store whose bucket does not exist (every request answers `NoSuchBucket`).
+    #[error("store {url} does not exist (no bucket {bucket}); create the bucket first")]
+    NoBucket { url: String, bucket: String },
     #[error("invalid store URL {url:?}: {why}")]
     BadUrl { url: String, why: String },
     #[error("{path}: {source}")]

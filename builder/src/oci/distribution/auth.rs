@@ -6,13 +6,16 @@
 //! otherwise) and send it as `Authorization: Bearer`. [`Challenge::parse`] reads either.
 //!
 //! Credentials come, first found wins, from the command line (`--creds USER:PASSWORD`), the variables
-//! `STRATA_REGISTRY_USER` / `STRATA_REGISTRY_PASSWORD`, or an auth file's `auths` entry for the
-//! registry: `$REGISTRY_AUTH_FILE`, `$XDG_RUNTIME_DIR/containers/auth.json` (what `skopeo login` writes),
-//! then `$DOCKER_CONFIG/config.json` or `~/.docker/config.json`. Only the simple form of an entry is
-//! read (`"auth": base64(user:password)`); credential helpers are not run.
+//! `STRATA_REGISTRY_USER` / `STRATA_REGISTRY_PASSWORD`, or an auth file ([`super::dockercfg`]):
+//! `$REGISTRY_AUTH_FILE`, `$XDG_RUNTIME_DIR/containers/auth.json` (what `skopeo login` writes), then
+//! `$DOCKER_CONFIG/config.json` or `~/.docker/config.json` (what `docker login` and `strata login`
+//! write) — its `auths` entry, or the credential helper it names. Each [`Found`] says where it came
+//! from, so that a refusal names the source to fix.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+
+use super::dockercfg;
+use crate::oci::OciError;
 
 /// Credentials for a registry.
 #[derive(Clone)]
@@ -21,6 +24,13 @@ pub enum Credentials {
     Password { user: String, password: String },
     /// `base64(user:password)` as an auth file holds it.
     Encoded(String),
+}
+
+/// Credentials and where they were found (`--creds`, a variable, a file), for error messages.
+#[derive(Clone, Debug)]
+pub struct Found {
+    pub credentials: Credentials,
+    pub from: String,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -43,17 +53,41 @@ impl Credentials {
         })
     }
 
-    /// Credentials from the environment or an auth file for `registry` (`host[:port]`).
-    pub fn find(registry: &str) -> Option<Credentials> {
+    /// Credentials from the environment or an auth file for `registry` (`host[:port]`); an error when
+    /// the file that has them keeps them in a credential helper that cannot give them.
+    pub fn find(registry: &str) -> Result<Option<Found>, OciError> {
         if let (Ok(user), Ok(password)) = (
             std::env::var("STRATA_REGISTRY_USER"),
             std::env::var("STRATA_REGISTRY_PASSWORD"),
         ) {
-            return Some(Credentials::Password { user, password });
+            return Ok(Some(Found {
+                credentials: Credentials::Password { user, password },
+                from: "STRATA_REGISTRY_USER/STRATA_REGISTRY_PASSWORD".into(),
+            }));
         }
-        auth_files()
-            .into_iter()
-            .find_map(|f| from_auth_file(&std::fs::read(f).ok()?, registry))
+        for file in dockercfg::auth_files() {
+            if let Some(found) = dockercfg::lookup(&file, registry)? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The user and password (an encoded entry decoded), for clients that take them apart (the CRI
+    /// `AuthConfig`).
+    pub fn user_password(&self) -> Option<(String, String)> {
+        match self {
+            Credentials::Password { user, password } => Some((user.clone(), password.clone())),
+            Credentials::Encoded(e) => {
+                use base64::Engine as _;
+                let raw = base64::engine::general_purpose::STANDARD
+                    .decode(e.trim())
+                    .ok()?;
+                let s = String::from_utf8(raw).ok()?;
+                let (u, p) = s.split_once(':')?;
+                Some((u.to_string(), p.to_string()))
+            }
+        }
     }
 
     /// Adds these credentials to a request as Basic auth.
@@ -65,47 +99,6 @@ impl Credentials {
             }
         }
     }
-}
-
-fn auth_files() -> Vec<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).map(PathBuf::from);
-    let mut out = Vec::new();
-    out.extend(var("REGISTRY_AUTH_FILE"));
-    out.extend(var("XDG_RUNTIME_DIR").map(|d| d.join("containers/auth.json")));
-    match var("DOCKER_CONFIG") {
-        Some(d) => out.push(d.join("config.json")),
-        None => out.extend(var("HOME").map(|h| h.join(".docker/config.json"))),
-    }
-    out
-}
-
-/// The `auths` entry for `registry` of an auth file (`{"auths": {"host:port": {"auth": "…"}}}`); keys
-/// may carry a scheme and a path (`https://host/v1/`).
-fn from_auth_file(bytes: &[u8], registry: &str) -> Option<Credentials> {
-    #[derive(serde::Deserialize)]
-    struct Entry {
-        #[serde(default)]
-        auth: Option<String>,
-    }
-    #[derive(serde::Deserialize)]
-    struct File {
-        #[serde(default)]
-        auths: BTreeMap<String, Entry>,
-    }
-    let file: File = serde_json::from_slice(bytes).ok()?;
-    file.auths.into_iter().find_map(|(k, e)| {
-        let host = k
-            .trim_start_matches("https://")
-            .trim_start_matches("http://")
-            .split('/')
-            .next()
-            .unwrap_or_default();
-        (host == registry)
-            .then_some(e.auth)
-            .flatten()
-            .filter(|a| !a.is_empty())
-            .map(Credentials::Encoded)
-    })
 }
 
 /// A `WWW-Authenticate` challenge.
@@ -182,17 +175,17 @@ mod tests {
     }
 
     #[test]
-    fn auth_file_entries_match_the_registry() {
-        let f = br#"{"auths":{"https://reg.example:5000/v1/":{"auth":"dTpw"},"other":{"auth":"eDp5"}}}"#;
-        assert!(
-            matches!(from_auth_file(f, "reg.example:5000"), Some(Credentials::Encoded(a)) if a == "dTpw")
-        );
-        assert!(from_auth_file(f, "reg.example").is_none());
-        assert!(from_auth_file(b"not json", "other").is_none());
+    fn credentials_parse_and_decode() {
         assert!(
             matches!(Credentials::parse("u:p:q"), Some(Credentials::Password { password, .. }) if password == "p:q")
         );
         assert!(Credentials::parse("nocolon").is_none());
+        let e = Credentials::Encoded("YWxpY2U6czNjcmV0".into());
+        assert_eq!(
+            e.user_password(),
+            Some(("alice".to_string(), "s3cret".to_string()))
+        );
+        assert_eq!(Credentials::Encoded("!!".into()).user_password(), None);
     }
 
     proptest::proptest! {

@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
-use reqwest::{Response, StatusCode};
+use reqwest::{Method, Response, StatusCode};
 
-use super::auth::{Challenge, Credentials};
+use super::auth::{Challenge, Credentials, Found};
 use super::{PullOptions, RegistryRef};
 use crate::oci::OciError;
 
@@ -50,7 +50,9 @@ pub struct Client {
     base: String,
     pub registry: String,
     pub repository: String,
-    creds: Option<Credentials>,
+    creds: Option<Found>,
+    /// Token scope actions: `pull`, or `pull,push`.
+    actions: &'static str,
     authorization: Mutex<Option<String>>,
     /// Deadline of a request, body included.
     timeout: Duration,
@@ -106,13 +108,16 @@ impl Client {
             .build()
             .map_err(|e| transport(&r.registry, "building the HTTP client", e))?;
         // Docker Hub's entry in an auth file is under `index.docker.io`.
-        let creds = opts.credentials.clone().or_else(|| {
-            Credentials::find(&r.registry).or_else(|| {
-                (r.api_host() != r.registry.as_str())
-                    .then(|| Credentials::find("index.docker.io"))
-                    .flatten()
-            })
-        });
+        let creds = match &opts.credentials {
+            Some(c) => Some(c.clone()),
+            None => match Credentials::find(&r.registry)? {
+                Some(c) => Some(c),
+                None if r.api_host() != r.registry.as_str() => {
+                    Credentials::find("index.docker.io")?
+                }
+                None => None,
+            },
+        };
         let mut client = Client {
             rt: Arc::new(rt),
             http,
@@ -120,6 +125,7 @@ impl Client {
             registry: r.registry.clone(),
             repository: r.repository.clone(),
             creds,
+            actions: if opts.push { "pull,push" } else { "pull" },
             authorization: Mutex::new(None),
             timeout: opts.timeout,
             stall: opts.stall_timeout,
@@ -146,15 +152,61 @@ impl Client {
     /// `GET path` (under the registry's base URL), authenticating when the registry asks. Any status
     /// but success is an error naming `what`, the status and the registry's own error message.
     pub fn get(&self, what: &str, path: &str, accept: Option<&str>) -> Result<Response, OciError> {
-        let url = format!("{}{path}", self.base);
-        // Errors name the repository too.
-        let what = &format!("{}: {what}", self.repository);
+        let resp = self.call(what, Method::GET, path, &|req| match accept {
+            Some(a) => req.header(ACCEPT, a),
+            None => req,
+        })?;
+        self.success(what, resp)
+    }
+
+    /// `resp` if its status is a success, else the error naming `what`, the status and the registry's
+    /// own error message.
+    pub fn success(&self, what: &str, resp: Response) -> Result<Response, OciError> {
+        match resp.status().is_success() {
+            true => Ok(resp),
+            false => Err(self.status_error(&self.named(what), resp)),
+        }
+    }
+
+    /// `loc` (a `Location` header: absolute, or relative to the registry) as an absolute URL.
+    pub fn absolute(&self, loc: &str) -> Result<reqwest::Url, OciError> {
+        reqwest::Url::parse(&self.base)
+            .and_then(|b| b.join(loc))
+            .map_err(|e| {
+                OciError::Malformed(format!(
+                    "registry {}: Location {loc:?} is not a URL: {e}",
+                    self.registry
+                ))
+            })
+    }
+
+    /// Errors name the repository too.
+    fn named(&self, what: &str) -> String {
+        match self.repository.is_empty() {
+            true => what.to_string(),
+            false => format!("{}: {what}", self.repository),
+        }
+    }
+
+    /// `method target` — a path under the registry's base URL, or an absolute URL (an upload's
+    /// `Location`) — with what `prep` adds (headers, a body; it may be called twice), authenticating
+    /// when the registry asks (a `401` with a challenge: once per call). The answer, whatever its
+    /// status.
+    pub fn call(
+        &self,
+        what: &str,
+        method: Method,
+        target: &str,
+        prep: &dyn Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> Result<Response, OciError> {
+        let url = match target.starts_with("http://") || target.starts_with("https://") {
+            true => target.to_string(),
+            false => format!("{}{target}", self.base),
+        };
+        let what = &self.named(what);
         let mut retried = false;
         loop {
-            let mut req = self.http.get(&url);
-            if let Some(a) = accept {
-                req = req.header(ACCEPT, a);
-            }
+            let mut req = prep(self.http.request(method.clone(), &url));
             let auth = self
                 .authorization
                 .lock()
@@ -175,9 +227,6 @@ impl Client {
                     self.authenticate(what, &c)?;
                     continue;
                 }
-            }
-            if !resp.status().is_success() {
-                return Err(self.status_error(what, resp));
             }
             return Ok(resp);
         }
@@ -205,15 +254,13 @@ impl Client {
     fn authenticate(&self, what: &str, c: &Challenge) -> Result<(), OciError> {
         let header = match c {
             Challenge::Basic => {
-                let Some(creds) = &self.creds else {
-                    return Err(OciError::Http {
+                let Some(Found {
+                    credentials: creds, ..
+                }) = &self.creds
+                else {
+                    return Err(OciError::Auth {
                         registry: self.registry.clone(),
-                        what: what.to_string(),
-                        status: 401,
-                        detail: " (the registry asks for a user and password: give --creds \
-                                 USER:PASSWORD, STRATA_REGISTRY_USER/STRATA_REGISTRY_PASSWORD or an \
-                                 auth file entry)"
-                            .into(),
+                        why: format!("{what}: HTTP 401{}", self.credentials_hint()),
                     });
                 };
                 match creds {
@@ -259,15 +306,17 @@ impl Client {
             if let Some(s) = params.get("service") {
                 q.append_pair("service", s);
             }
-            let scope = params
-                .get("scope")
-                .cloned()
-                .unwrap_or_else(|| format!("repository:{}:pull", self.repository));
-            q.append_pair("scope", &scope);
+            let scope = params.get("scope").cloned().or_else(|| {
+                (!self.repository.is_empty())
+                    .then(|| format!("repository:{}:{}", self.repository, self.actions))
+            });
+            if let Some(scope) = scope {
+                q.append_pair("scope", &scope);
+            }
         }
         let mut req = self.http.get(url);
         if let Some(c) = &self.creds {
-            req = c.apply(req);
+            req = c.credentials.apply(req);
         }
         let resp = self.send(&what, req)?;
         if !resp.status().is_success() {
@@ -322,11 +371,29 @@ impl Client {
             }
             _ => String::new(),
         };
+        if status == 401 || status == 403 {
+            return OciError::Auth {
+                registry: self.registry.clone(),
+                why: format!("{what}: HTTP {status}{detail}{}", self.credentials_hint()),
+            };
+        }
         OciError::Http {
             registry: self.registry.clone(),
             what: what.to_string(),
             status,
             detail,
+        }
+    }
+
+    /// What to do about a refusal: which credentials were refused, or where to give some.
+    fn credentials_hint(&self) -> String {
+        match &self.creds {
+            Some(f) => format!(" (the registry refused the credentials from {})", f.from),
+            None => format!(
+                " (the registry asks for credentials: `strata login {}`, --creds USER:PASSWORD or \
+                 STRATA_REGISTRY_USER/STRATA_REGISTRY_PASSWORD)",
+                self.registry
+            ),
         }
     }
 

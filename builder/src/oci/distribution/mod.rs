@@ -15,6 +15,8 @@
 
 pub mod auth;
 pub mod client;
+pub mod dockercfg;
+pub mod push;
 
 use std::fmt;
 use std::sync::Arc;
@@ -24,7 +26,6 @@ use super::{
     image_of, manifest_media_type, parse_digest, parse_json, BlobLoc, OciError, OciImage, Platform,
     Sha256Digest, JSON_LIMIT,
 };
-use auth::Credentials;
 use client::Client;
 
 /// Nested indexes followed at most.
@@ -156,13 +157,15 @@ fn is_docker_hub(registry: &str) -> bool {
     )
 }
 
-/// How to reach a registry.
+/// How to reach a registry, for a pull or a push.
 #[derive(Clone, Debug)]
 pub struct PullOptions {
     /// Plain HTTP for any host (loopback registries may use it anyway).
     pub plain_http: bool,
     /// Credentials; without them, the environment and auth files are looked up ([`auth`]).
-    pub credentials: Option<Credentials>,
+    pub credentials: Option<auth::Found>,
+    /// Ask for push access as well as pull (the token scope `repository:REPO:pull,push`).
+    pub push: bool,
     /// Deadline of one request, its whole body included ([`client::REQUEST_TIMEOUT`]).
     pub timeout: std::time::Duration,
     /// Longest wait for the next bytes of an answer ([`client::STALL_TIMEOUT`]).
@@ -174,6 +177,7 @@ impl Default for PullOptions {
         PullOptions {
             plain_http: false,
             credentials: None,
+            push: false,
             timeout: client::REQUEST_TIMEOUT,
             stall_timeout: client::STALL_TIMEOUT,
         }
