@@ -130,7 +130,12 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
         )?),
         None => None,
     };
-    let s = &built.descriptor.stats;
+    // What this build stored: nothing when the store held the layer already.
+    let mut s = built.descriptor.stats.clone();
+    if built.reused {
+        (s.new_chunks, s.new_bytes, s.stored_bytes) = (0, 0, 0);
+    }
+    let s = &s;
     if a.json {
         println!(
             "{}",
@@ -139,13 +144,21 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
                 "image": image.map(|d| d.to_string()),
                 "tag": tag.map(|t| t.to_string()),
                 "stats": s,
+                "reused": built.reused,
                 "index": built.dedup,
                 "seconds": start.elapsed().as_secs_f64(),
             })
         );
     } else {
         println!("{}", built.digest);
-        if std::io::stderr().is_terminal() {
+        if std::io::stderr().is_terminal() && built.reused {
+            eprintln!(
+                "{} entries, {} in files: the store holds this layer already, nothing stored, in {:.1}s",
+                s.entries,
+                human(s.file_bytes),
+                start.elapsed().as_secs_f64()
+            );
+        } else if std::io::stderr().is_terminal() {
             eprintln!(
                 "{} entries, {} in files, {} new chunks ({}), {} stored, in {:.1}s",
                 s.entries,
