@@ -37,6 +37,7 @@ use crate::elfdeps;
 use crate::erofs;
 use crate::error::BuildError;
 use crate::layout::{self, Class, Compiled, Layout};
+use crate::source::exclude::Excludes;
 use crate::source::{Entry, EntryKind, EntrySink, Existing, FileSource};
 use crate::tree::{FileData, Meta, NodeId, NodeKind, Tree, OPAQUE_XATTR};
 
@@ -91,6 +92,8 @@ pub struct BuildOptions {
     pub min_foreign_bytes: u64,
     /// The order of file data in the blob (see [`crate::layout`]).
     pub layout: Layout,
+    /// Paths a directory or tar source leaves out (`build --exclude`; see [`crate::source::exclude`]).
+    pub excludes: Excludes,
 }
 
 /// See [`BuildOptions::keep_whiteout`].
@@ -118,6 +121,7 @@ impl BuildOptions {
             max_foreign_blobs: crate::dedup::MAX_FOREIGN_BLOBS,
             min_foreign_bytes: crate::dedup::MIN_FOREIGN_BYTES,
             layout: Layout::default(),
+            excludes: Excludes::default(),
         }
     }
 
@@ -528,20 +532,24 @@ impl EntrySink for LayerBuilder {
     }
 }
 
-/// Builds a layer from a directory.
+/// Builds a layer from a directory, leaving out what `opts.excludes` matches.
 pub fn build_dir(store: &Store, root: &Path, opts: BuildOptions) -> Result<BuiltLayer, BuildError> {
-    build_with(store, opts, |sink| crate::source::dir::walk_dir(root, sink))
+    let excludes = opts.excludes.clone();
+    build_with(store, opts, |sink| {
+        crate::source::dir::walk_dir(root, &mut excludes.sink(sink))
+    })
 }
 
-/// Builds a layer from a tar stream (plain, gzip or zstd).
+/// Builds a layer from a tar stream (plain, gzip or zstd), leaving out what `opts.excludes` matches.
 pub fn build_tar(
     store: &Store,
     reader: Box<dyn Read + Send>,
     opts: BuildOptions,
 ) -> Result<BuiltLayer, BuildError> {
     let stream = crate::source::tar::open_stream(reader)?;
+    let excludes = opts.excludes.clone();
     build_with(store, opts, |sink| {
-        crate::source::tar::read_tar(stream, sink)
+        crate::source::tar::read_tar(stream, &mut excludes.sink(sink))
     })
 }
 

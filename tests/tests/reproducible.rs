@@ -1,7 +1,7 @@
 //! Reproducible layers through the CLI: a CI job builds the same tree twice with the same `-t` (both
 //! succeed, one digest, the second stores nothing), a store that held other builds names it the same, and
 //! the rebuilt image reads back right (materialized, `fsck.erofs`, a kernel mount, `strata cat`). A tag
-//! naming another image is refused as such, not blamed on concurrency.
+//! naming another image is refused as such, not blamed on concurrency. `build --exclude` leaves paths out.
 
 use std::path::Path;
 
@@ -88,4 +88,83 @@ fn the_same_tree_built_twice_with_one_tag_is_one_layer() {
         "{err}"
     );
     assert!(!err.contains("concurrently"), "{err}");
+}
+
+/// `build --exclude` / `--exclude-from` (the matcher pack_diff uses): a repository's `.git` stays out, a
+/// `!` pattern re-includes a file, the same from a directory and from a tar stream; a bad pattern is a
+/// usage error (exit 2) naming it.
+#[test]
+fn build_excludes_paths_as_a_dockerignore_says() {
+    let work = scratch("exclude");
+    let src = work.path().join("repo");
+    for (p, body) in [
+        (".git/HEAD", "ref: refs/heads/main\n"),
+        (".git/objects/ab/cdef", "object"),
+        ("src/main.c", "int main(void) { return 0; }\n"),
+        ("build.log", "noise"),
+        ("logs/old.log", "noise"),
+        ("important.log", "keep me"),
+    ] {
+        let path = src.join(p);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, body).expect("write");
+    }
+    let ignore = work.path().join(".dockerignore");
+    std::fs::write(&ignore, "# the build context\n\n*.log\n!important.log\n").expect("write");
+    let sdir = scratch("exclude-store");
+    let store = StoreEnv::local(sdir.path());
+    let s = src.to_str().expect("utf8");
+    let from = ignore.to_str().expect("utf8");
+    let check = |tag: &str| {
+        for gone in ["/.git", "/.git/HEAD", "/build.log", "/logs/old.log"] {
+            let o = store.run(&["cat", tag, gone]);
+            assert_eq!(o.status.code(), Some(3), "{gone} is in {tag}: {o:?}");
+        }
+        assert_eq!(store.ok(&["cat", tag, "/important.log"]), "keep me");
+        assert!(store.ok(&["cat", tag, "/src/main.c"]).contains("main"));
+        assert!(
+            store.run(&["ls", tag, "/logs"]).status.success(),
+            "the directory stays"
+        );
+    };
+    let dir = json(&store.ok(&[
+        "build",
+        s,
+        "--exclude",
+        ".git",
+        "--exclude-from",
+        from,
+        "-t",
+        "ex:dir",
+        "--json",
+    ]));
+    check("ex:dir");
+    let tar = std::process::Command::new("tar")
+        .args(["-C", s, "-cf", "-", "."])
+        .output()
+        .expect("tar");
+    let o = store.run_with_stdin(
+        &[
+            "build",
+            "--tar",
+            "-",
+            "--exclude",
+            ".git",
+            "--exclude-from",
+            from,
+            "-t",
+            "ex:tar",
+        ],
+        Some(&tar.stdout),
+    );
+    assert!(o.status.success(), "{o:?}");
+    check("ex:tar");
+    assert!(dir["digest"].is_string());
+
+    let o = store.run(&["build", s, "--exclude", "src/[z-a]"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("exclude pattern \"src/[z-a]\""), "{err}");
+    let o = store.run(&["build", s, "--exclude-from", "/nonexistent/.dockerignore"]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
 }
