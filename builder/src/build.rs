@@ -9,6 +9,11 @@
 //! chunks in ([`crate::dedup`]) — and the EROFS writer lays out the metadata. Objects are stored in
 //! dependency order: blob, its index segment, metadata, then the descriptor, so a failure at any point
 //! leaves nothing referenced.
+//!
+//! The layer is named before anything is stored: its descriptor's identity covers the tree and its
+//! chunks' digests ([`crate::identity`]), not where the chunks lie, so the same input gives the same
+//! layer whatever the store held. When the store holds that layer already (and can rely on it), the
+//! build stores nothing and returns the stored descriptor.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -32,6 +37,7 @@ use crate::elfdeps;
 use crate::erofs;
 use crate::error::BuildError;
 use crate::layout::{self, Class, Compiled, Layout};
+use crate::source::exclude::Excludes;
 use crate::source::{Entry, EntryKind, EntrySink, Existing, FileSource};
 use crate::tree::{FileData, Meta, NodeId, NodeKind, Tree, OPAQUE_XATTR};
 
@@ -86,6 +92,8 @@ pub struct BuildOptions {
     pub min_foreign_bytes: u64,
     /// The order of file data in the blob (see [`crate::layout`]).
     pub layout: Layout,
+    /// Paths a directory or tar source leaves out (`build --exclude`; see [`crate::source::exclude`]).
+    pub excludes: Excludes,
 }
 
 /// See [`BuildOptions::keep_whiteout`].
@@ -113,6 +121,7 @@ impl BuildOptions {
             max_foreign_blobs: crate::dedup::MAX_FOREIGN_BLOBS,
             min_foreign_bytes: crate::dedup::MIN_FOREIGN_BYTES,
             layout: Layout::default(),
+            excludes: Excludes::default(),
         }
     }
 
@@ -140,6 +149,9 @@ pub struct BuiltLayer {
     pub descriptor: LayerDescriptor,
     /// What store-wide dedup did (zeros without it).
     pub dedup: DedupReport,
+    /// The store held the layer already (the same input built before): this build stored nothing, and
+    /// `descriptor` is the stored one, with the placement and figures of the build that stored it.
+    pub reused: bool,
 }
 
 /// The sink sources feed: builds the tree and feeds the chunk pool.
@@ -520,20 +532,24 @@ impl EntrySink for LayerBuilder {
     }
 }
 
-/// Builds a layer from a directory.
+/// Builds a layer from a directory, leaving out what `opts.excludes` matches.
 pub fn build_dir(store: &Store, root: &Path, opts: BuildOptions) -> Result<BuiltLayer, BuildError> {
-    build_with(store, opts, |sink| crate::source::dir::walk_dir(root, sink))
+    let excludes = opts.excludes.clone();
+    build_with(store, opts, |sink| {
+        crate::source::dir::walk_dir(root, &mut excludes.sink(sink))
+    })
 }
 
-/// Builds a layer from a tar stream (plain, gzip or zstd).
+/// Builds a layer from a tar stream (plain, gzip or zstd), leaving out what `opts.excludes` matches.
 pub fn build_tar(
     store: &Store,
     reader: Box<dyn Read + Send>,
     opts: BuildOptions,
 ) -> Result<BuiltLayer, BuildError> {
     let stream = crate::source::tar::open_stream(reader)?;
+    let excludes = opts.excludes.clone();
     build_with(store, opts, |sink| {
-        crate::source::tar::read_tar(stream, sink)
+        crate::source::tar::read_tar(stream, &mut excludes.sink(sink))
     })
 }
 
@@ -633,8 +649,40 @@ fn finish(
         }
     }
 
-    let devices = Devices::assign(tree, &seen, &packed, known)?;
     let chunk_bits = opts.chunk_size.trailing_zeros() as u8;
+    let mut descriptor = LayerDescriptor {
+        schema: SCHEMA,
+        kind: opts.kind,
+        content: Some(crate::identity::content_digest(tree, &seen, chunk_bits)?),
+        meta: ObjectRef {
+            digest: Digest([0; 32]),
+            size: 0,
+        },
+        blobs: Vec::new(),
+        chunk_size: opts.chunk_size,
+        stats: stats.clone(),
+        parent: opts.parents.first().copied(),
+        labels: opts.labels.clone(),
+        config: (!opts.config.is_empty()).then(|| Box::new(opts.config.clone())),
+        built_on: opts.built_on.clone(),
+    };
+    let digest = descriptor.digest();
+    let mut dedup = known.foreign().2;
+    // The store holds this layer already (built before from the same input): nothing is stored again.
+    if let Some(stored) = store.stored_layer(&digest)? {
+        if let Some(b) = &packed.blob {
+            let _ = std::fs::remove_file(&b.spool);
+        }
+        dedup.foreign_blobs = known.foreign().0.len() as u64;
+        return Ok(BuiltLayer {
+            digest,
+            descriptor: stored,
+            dedup,
+            reused: true,
+        });
+    }
+
+    let devices = Devices::assign(tree, &seen, &packed, known)?;
     let image = erofs::write_image(tree, &devices.slots(), chunk_bits, &|d: &Digest| {
         devices.resolve(d)
     })?;
@@ -659,29 +707,20 @@ fn finish(
     let (meta_digest, meta_stored) =
         store.put_meta(&image, base.as_ref().map(|(d, b)| (d, b.as_slice())))?;
     stats.stored_bytes += meta_stored;
-    let descriptor = LayerDescriptor {
-        schema: SCHEMA,
-        kind: opts.kind,
-        meta: ObjectRef {
-            digest: meta_digest,
-            size: image.len() as u64,
-        },
-        blobs: devices.blobs.clone(),
-        chunk_size: opts.chunk_size,
-        stats: stats.clone(),
-        parent: opts.parents.first().copied(),
-        labels: opts.labels.clone(),
-        config: (!opts.config.is_empty()).then(|| Box::new(opts.config.clone())),
-        built_on: opts.built_on.clone(),
+    descriptor.meta = ObjectRef {
+        digest: meta_digest,
+        size: image.len() as u64,
     };
+    descriptor.blobs = devices.blobs.clone();
+    descriptor.stats = stats.clone();
     known.recheck(store, &devices.foreign)?;
-    let digest = store.put_layer(&descriptor)?;
-    let mut dedup = known.foreign().2;
+    store.put_layer(&descriptor)?;
     dedup.foreign_blobs = devices.foreign.len() as u64;
     Ok(BuiltLayer {
         digest,
         descriptor,
         dedup,
+        reused: false,
     })
 }
 

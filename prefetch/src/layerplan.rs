@@ -255,6 +255,7 @@ mod tests {
         let layer = |blobs: &[u8]| LayerDescriptor {
             schema: SCHEMA,
             kind: LayerKind::Base,
+            content: None,
             meta: ObjectRef {
                 digest: d(0),
                 size: 0,

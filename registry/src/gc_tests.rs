@@ -66,6 +66,7 @@ fn descriptor(content: u64) -> LayerDescriptor {
     LayerDescriptor {
         schema: SCHEMA,
         kind: LayerKind::Base,
+        content: None,
         meta: ObjectRef {
             digest: Digest::of(&meta),
             size: meta.len() as u64,

@@ -97,10 +97,22 @@ pub struct LayerStats {
 }
 
 /// A layer: its EROFS metadata and the blobs its device table names, in device order.
+///
+/// A descriptor has two parts. Its **identity** — kind, `content` (the digest of the layer's tree with its
+/// chunks named by digest, see [`LayerDescriptor::digest`]), chunk size, labels, declared config,
+/// `built_on` — is what the layer *is*, and names it. Its **placement** — `meta` (whose device table and
+/// chunk indexes say which blob holds each chunk, and where), `blobs`, `parent` and `stats` — is where the
+/// store keeps the layer's chunks: deduplication against what a store already holds changes it, never
+/// the identity, and a store may rewrite it under the same name. A descriptor written before `content`
+/// existed has no such split: its name is the digest of its bytes, placement included.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerDescriptor {
     pub schema: u32,
     pub kind: LayerKind,
+    /// Digest of the layer's canonical metadata image ([`LayerDescriptor::digest`]); `None` in layers
+    /// written before reproducible layers, named by the digest of their bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Digest>,
     /// The EROFS metadata image (stored zstd-compressed; digest and size are of the image itself).
     pub meta: ObjectRef,
     /// Device `i + 1` of the metadata is `blobs[i]`.
@@ -127,6 +139,46 @@ impl LayerDescriptor {
     pub fn declared(&self) -> LayerConfig {
         self.config.as_deref().cloned().unwrap_or_default()
     }
+
+    /// The layer's name. With `content`: the BLAKE3 of its identity record, the canonical JSON
+    /// `{"schema","kind","content","chunk_size","labels","config","built_on"}` (the last three omitted
+    /// when empty), so that the same tree built with the same options has the same name whatever the
+    /// store held and wherever its chunks went. Without (an older layer): the BLAKE3 of its bytes.
+    pub fn digest(&self) -> Digest {
+        match &self.content {
+            Some(content) => Digest::of(&self.identity_bytes(content)),
+            None => Digest::of(&self.to_bytes()),
+        }
+    }
+
+    fn identity_bytes(&self, content: &Digest) -> Vec<u8> {
+        let id = LayerIdentity {
+            schema: self.schema,
+            kind: self.kind,
+            content,
+            chunk_size: self.chunk_size,
+            labels: &self.labels,
+            config: self.config.as_deref(),
+            built_on: self.built_on.as_ref(),
+        };
+        // Serializing this plain struct to a Vec cannot fail.
+        serde_json::to_vec(&id).unwrap_or_default()
+    }
+}
+
+/// The part of a descriptor that names a reproducible layer (see [`LayerDescriptor::digest`]).
+#[derive(Serialize)]
+struct LayerIdentity<'a> {
+    schema: u32,
+    kind: LayerKind,
+    content: &'a Digest,
+    chunk_size: u64,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    labels: &'a BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    config: Option<&'a LayerConfig>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    built_on: Option<&'a BuiltOn>,
 }
 
 /// The layers a layer was built on (a toolkit's or workspace's base, the image a diff was made on).
@@ -377,6 +429,41 @@ mod tests {
             layers: vec![Digest::of(b"base")],
         });
         assert_eq!(LayerDescriptor::from_bytes(&d2.to_bytes()).unwrap(), d2);
+        assert_eq!(
+            d.digest(),
+            Digest::of(old),
+            "an old layer is named by its bytes"
+        );
+    }
+
+    #[test]
+    fn a_reproducible_layer_is_named_by_its_identity_not_its_placement() {
+        let old = br#"{"schema":1,"kind":"toolkit","meta":{"digest":"blake3:0000000000000000000000000000000000000000000000000000000000000000","size":4096},"blobs":[],"chunk_size":1048576,"stats":{"entries":1,"files":0,"file_bytes":0,"chunks":0,"new_chunks":0,"new_bytes":0,"whiteouts":0,"stored_bytes":10}}"#;
+        let mut d = LayerDescriptor::from_bytes(old).unwrap();
+        d.content = Some(Digest::of(b"tree"));
+        let name = d.digest();
+        let mut moved = d.clone();
+        moved.meta.digest = Digest::of(b"other placement");
+        moved.parent = Some(Digest::of(b"parent"));
+        moved.stats.new_chunks = 7;
+        moved.stats.stored_bytes = 0;
+        assert_eq!(moved.digest(), name, "placement is not identity");
+        assert_eq!(
+            LayerDescriptor::from_bytes(&moved.to_bytes()).unwrap(),
+            moved
+        );
+        for change in [
+            |l: &mut LayerDescriptor| l.content = Some(Digest::of(b"another tree")),
+            |l: &mut LayerDescriptor| l.kind = LayerKind::Base,
+            |l: &mut LayerDescriptor| l.chunk_size = 4096,
+            |l: &mut LayerDescriptor| {
+                l.labels.insert("k".into(), "v".into());
+            },
+        ] {
+            let mut other = d.clone();
+            change(&mut other);
+            assert_ne!(other.digest(), name);
+        }
     }
 
     #[test]

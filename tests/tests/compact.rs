@@ -113,6 +113,19 @@ fn compacts(store: &StoreEnv) {
         "the tag moved to the new manifest"
     );
     reads_the_same(store, "base:latest", &files);
+    // CI rebuilds the unchanged tree with the same tag: the layer the tag's image holds, compacted; the
+    // tag stays where compaction put it, without --force.
+    let rebuilt = json(&store.ok(&[
+        "build",
+        r,
+        "--parent",
+        "base:latest",
+        "-t",
+        "base:latest",
+        "--json",
+    ]));
+    let tagged = json(&store.ok(&["inspect", "base:latest", "--json"]));
+    assert_eq!(tagged["digest"], insp["digest"], "{rebuilt}");
 
     // The node's sandbox on the old layers reads everything, uncached chunks included.
     if let Some((d, rootfs)) = &node {

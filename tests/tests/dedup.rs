@@ -55,8 +55,11 @@ fn same_tree_twice(store: &StoreEnv) {
     let after_first = store_bytes(store);
     assert!(first["stats"]["new_bytes"].as_u64().expect("new") > 5_000_000);
 
-    // The same directory again, no --parent: nothing new but a layer descriptor, a manifest and a tag.
+    // The same directory again, no --parent: the same layer, which the store holds (nothing new but a
+    // manifest and a tag).
     let second = build(store, &[p, "-t", "t:2"]);
+    assert_eq!(second["digest"], first["digest"], "{second}");
+    assert_eq!(second["reused"], true, "{second}");
     let added = store_bytes(store) - after_first;
     assert_eq!(second["stats"]["new_bytes"], 0, "{second}");
     assert_eq!(second["index"]["foreign_blobs"], 1, "{second}");
@@ -105,7 +108,12 @@ fn same_tree_twice(store: &StoreEnv) {
     assert_eq!(s.list("index").expect("list").len(), segs.len());
     let again = build(store, &[p]);
     assert_eq!(again["stats"]["new_bytes"], 0, "{again}");
-    // --no-dedup stores everything again (the parents-only behaviour).
+    // --no-dedup changes placement, not the layer: the same tree is the layer the store holds.
+    let alone = build(store, &[p, "--no-dedup"]);
+    assert_eq!(alone["digest"], first["digest"], "{alone}");
+    assert_eq!(alone["reused"], true, "{alone}");
+    // Another tree with --no-dedup stores everything again (the parents-only behaviour).
+    std::fs::write(src.path().join("NEW"), "one more file\n").expect("write");
     let alone = build(store, &[p, "--no-dedup"]);
     assert_eq!(alone["stats"]["new_bytes"], first["stats"]["new_bytes"]);
 }

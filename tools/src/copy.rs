@@ -33,7 +33,7 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use strata_registry::digest::{Digest, Hasher};
 use strata_registry::index::{segment_key, Segment};
-use strata_registry::model::TagName;
+use strata_registry::model::{LayerDescriptor, TagName};
 use strata_registry::store::{key, Store, StoreError};
 
 use crate::images::{human, resolve, Resolved};
@@ -222,15 +222,46 @@ impl Copier<'_> {
         Ok(())
     }
 
-    /// One layer: blobs, metadata, descriptor, import record.
+    /// Counts as skipped the objects of a layer the destination holds (in its own placement).
+    fn held(&mut self, d: &Digest, held: &LayerDescriptor) -> Result<()> {
+        let mut keys = vec![key::layer(d), key::meta(&held.meta.digest)];
+        keys.extend(
+            self.dst
+                .meta_base(&held.meta.digest)?
+                .map(|b| key::meta(&b)),
+        );
+        keys.extend(held.blobs.iter().map(|b| key::blob(&b.digest)));
+        for k in keys {
+            let size = self.dst.backend().head(&k)?.map_or(0, |m| m.size);
+            self.tally.skipped += 1;
+            self.tally.skipped_bytes += size;
+        }
+        Ok(())
+    }
+
+    /// One layer: blobs, metadata, descriptor, import record. A destination that holds the layer
+    /// already, in a placement it can rely on, keeps it (a reproducible layer's placement may differ
+    /// between stores: see [`Store::put_layer`]).
     fn layer(&mut self, d: &Digest) -> Result<()> {
         let desc = self.src.get_layer(d)?;
-        for b in &desc.blobs {
-            self.blob(&b.digest)?;
-            self.segment(&b.digest)?;
+        if let Some(held) = self.dst.stored_layer(d)? {
+            self.held(d, &held)?;
+        } else {
+            for b in &desc.blobs {
+                self.blob(&b.digest)?;
+                self.segment(&b.digest)?;
+            }
+            self.meta(&desc.meta.digest)?;
+            let k = key::layer(d);
+            if desc.content.is_none() {
+                // An older layer is named by its bytes: copied as they are.
+                self.json(&k, d)?;
+            } else {
+                let size = self.size(&k)?;
+                self.dst.put_layer(&desc)?;
+                self.sent(size);
+            }
         }
-        self.meta(&desc.meta.digest)?;
-        self.json(&key::layer(d), d)?;
         let chain = desc
             .labels
             .get(strata_builder::import::CHAIN_ID_LABEL)

@@ -6,7 +6,7 @@
 //! | 1 | any other failure |
 //! | 2 | bad usage (unknown flag, invalid reference or option), or credentials a registry refuses or wants |
 //! | 3 | not found (image, tag, layer, path in an image, source) |
-//! | 4 | conflict (a tag changed concurrently, or names another image and --force was not given) |
+//! | 4 | conflict (a tag changed concurrently, or already names another image and --force was not given) |
 //! | 5 | corrupt or malformed data (digest mismatch, bad metadata, bad tar, a broken OCI source, a tag that cannot be followed) |
 //! | 6 | store unreachable or failing |
 //! | 7 | sandbox state: leftovers of a stopped sandbox, a resume of another image, processes in a rootfs, a VM still running |
@@ -43,7 +43,7 @@ pub struct Usage(pub String);
 fn store_code(e: &StoreError) -> i32 {
     match e {
         StoreError::NotFound(_) | StoreError::NoStore { .. } | StoreError::NoBucket { .. } => 3,
-        StoreError::TagConflict { .. } => 4,
+        StoreError::TagConflict { .. } | StoreError::TagTaken { .. } => 4,
         StoreError::Corrupt { .. } | StoreError::Malformed { .. } | StoreError::Model(_) => 5,
         StoreError::Backend { .. } | StoreError::Timeout { .. } => 6,
         StoreError::BadUrl { .. } => 2,

@@ -169,10 +169,11 @@ pub fn claim_tag(store: &Store, tag: &TagName, force: bool) -> Result<Option<Tag
     Ok(prev)
 }
 
+/// The refusal to move a tag that names another image without `--force` (not a race: the tag was there
+/// before the command started).
 fn moving_refused(tag: &TagName, found: &Digest) -> StoreError {
-    StoreError::TagConflict {
+    StoreError::TagTaken {
         tag: tag.to_string(),
-        expected: "absent (pass --force to move an existing tag)".into(),
         found: found.to_string(),
     }
 }
@@ -193,13 +194,21 @@ pub fn check_tag(
     }
 }
 
-/// Points `tag` at `digest` by compare-and-swap. A tag that already names `digest` is left as it is; one
-/// naming another image is moved only if `force`.
+/// Points `tag` at `digest` by compare-and-swap. A tag that already names `digest`, or the same image
+/// compacted by `gc --compact` (unless `force`), is left as it is; one naming another image is moved only
+/// if `force`.
 pub fn set_tag(store: &Store, tag: &TagName, digest: &Digest, force: bool) -> Result<()> {
-    let prev = check_tag(store, tag, digest, force)?;
-    if prev.as_ref().map(|p| p.digest) != Some(*digest) {
-        store.tag_set(tag, prev.as_ref(), digest)?;
+    let prev = store.tag_get(tag)?;
+    if let Some(p) = &prev {
+        let compacted = || strata_builder::compact::is_compacted_form(store, &p.digest, digest);
+        if p.digest == *digest || (!force && compacted()?) {
+            return Ok(());
+        }
+        if !force {
+            return Err(moving_refused(tag, &p.digest).into());
+        }
     }
+    store.tag_set(tag, prev.as_ref(), digest)?;
     Ok(())
 }
 
@@ -290,7 +299,7 @@ pub fn human(n: u64) -> String {
 
 fn layer_json(d: &Digest, l: &LayerDescriptor) -> serde_json::Value {
     json!({
-        "digest": d.to_string(), "kind": l.kind, "meta": l.meta, "blobs": l.blobs,
+        "digest": d.to_string(), "kind": l.kind, "content": l.content, "meta": l.meta, "blobs": l.blobs,
         "chunk_size": l.chunk_size, "stats": l.stats, "parent": l.parent, "labels": l.labels,
         "config": l.config, "built_on": l.built_on,
     })

@@ -1,6 +1,6 @@
 //! `strata build` and `strata materialize`.
 
-use std::io::IsTerminal;
+use std::io::{ErrorKind, IsTerminal};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use serde_json::json;
+use strata_builder::source::exclude::{Excludes, PatternError};
 use strata_builder::{build_dir, build_tar, BuildOptions};
 use strata_registry::blobread::BlobReader;
 use strata_registry::model::{ImageConfig, LayerConfig, LayerKind, TagName};
@@ -16,7 +17,7 @@ use strata_registry::store::Store;
 
 use crate::compose::built_on;
 use crate::config::ConfigArgs;
-use crate::exit::Usage;
+use crate::exit::{NotFound, Usage};
 use crate::images::{human, make_image, resolve_layer, resolve_layers};
 
 /// Arguments of `strata build`.
@@ -62,6 +63,13 @@ pub struct BuildArgs {
     pub config: ConfigArgs,
     #[command(flatten)]
     pub dedup: crate::index::DedupArgs,
+    /// Leave out paths matching PATTERN (.dockerignore/gitignore syntax: '!' re-includes, '**', a
+    /// pattern without '/' matches a name at any depth); repeatable, after --exclude-from's.
+    #[arg(long = "exclude", value_name = "PATTERN")]
+    pub exclude: Vec<String>,
+    /// Read exclude patterns from FILE, one a line ('#' comments), e.g. a .dockerignore; repeatable.
+    #[arg(long = "exclude-from", value_name = "FILE")]
+    pub exclude_from: Vec<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
@@ -89,6 +97,7 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
     opts.chunk_size = a.chunk_size;
     opts.level = a.level;
     opts.layout = a.layout;
+    opts.excludes = excludes(&a.exclude_from, &a.exclude)?;
     if let Some(t) = a.threads {
         opts.threads = t.max(1);
     }
@@ -136,7 +145,12 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
         )?),
         None => None,
     };
-    let s = &built.descriptor.stats;
+    // What this build stored: nothing when the store held the layer already.
+    let mut s = built.descriptor.stats.clone();
+    if built.reused {
+        (s.new_chunks, s.new_bytes, s.stored_bytes) = (0, 0, 0);
+    }
+    let s = &s;
     if a.json {
         println!(
             "{}",
@@ -145,13 +159,21 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
                 "image": image.map(|d| d.to_string()),
                 "tag": tag.map(|t| t.to_string()),
                 "stats": s,
+                "reused": built.reused,
                 "index": built.dedup,
                 "seconds": start.elapsed().as_secs_f64(),
             })
         );
     } else {
         println!("{}", built.digest);
-        if std::io::stderr().is_terminal() {
+        if std::io::stderr().is_terminal() && built.reused {
+            eprintln!(
+                "{} entries, {} in files: the store holds this layer already, nothing stored, in {:.1}s",
+                s.entries,
+                human(s.file_bytes),
+                start.elapsed().as_secs_f64()
+            );
+        } else if std::io::stderr().is_terminal() {
             eprintln!(
                 "{} entries, {} in files, {} new chunks ({}), {} stored, in {:.1}s",
                 s.entries,
@@ -164,6 +186,19 @@ pub fn build(store: &Store, a: BuildArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The exclude patterns of `--exclude-from` files then `--exclude`: a bad pattern is a usage error
+/// (exit 2), a missing file not found (exit 3).
+fn excludes(files: &[PathBuf], patterns: &[String]) -> Result<Excludes> {
+    match Excludes::with_files(files, patterns) {
+        Ok(e) => Ok(e),
+        Err(e @ PatternError::Bad { .. }) => Err(Usage(e.to_string()).into()),
+        Err(PatternError::File { path, source }) if source.kind() == ErrorKind::NotFound => {
+            Err(NotFound(format!("exclude file {}: no such file", path.display())).into())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `strata materialize`: DIR/meta.erofs and DIR/devices/N, each view verified chunk by chunk.

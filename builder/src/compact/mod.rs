@@ -186,6 +186,34 @@ pub fn compact(store: &Store, min_live: f64, level: i32) -> Result<CompactReport
     Ok(report)
 }
 
+/// True if image `tagged` is image `built` after compaction: the same config and annotations, and each
+/// layer the same or a compacted form of it (a reproducible layer whose identity without the
+/// [`COMPACTED_FROM`] label is the built layer's). A rebuild of a compacted image's tree names the image
+/// its tag holds already, in another placement.
+pub fn is_compacted_form(
+    store: &Store,
+    tagged: &Digest,
+    built: &Digest,
+) -> Result<bool, StoreError> {
+    let (t, b) = (store.get_manifest(tagged)?, store.get_manifest(built)?);
+    if t.layers.len() != b.layers.len() || t.config != b.config || t.annotations != b.annotations {
+        return Ok(false);
+    }
+    for (tl, bl) in t.layers.iter().zip(&b.layers) {
+        if tl.digest == bl.digest {
+            continue;
+        }
+        let mut d = store.get_layer(&tl.digest)?;
+        if d.content.is_none()
+            || d.labels.remove(COMPACTED_FROM).is_none()
+            || d.digest() != bl.digest
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Moves tag `t` from `old` to `new` by compare-and-swap; a tag changed meanwhile is reported, not moved.
 fn move_tag(
     store: &Store,

@@ -188,7 +188,8 @@ impl EntrySink for UpperSink<'_> {
             kind,
         } = entry;
         let under = self.under_excluded_dir(&path);
-        if under || (!path.is_empty() && self.excludes.matches(&path)) {
+        let is_dir = matches!(kind, EntryKind::Dir);
+        if under || (!path.is_empty() && self.excludes.matches(&path, is_dir)) {
             self.summary.excluded += u64::from(!under);
             match (&kind, data) {
                 (EntryKind::Dir, _) => self.excluded_dirs.push(path),

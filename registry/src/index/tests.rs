@@ -172,6 +172,7 @@ fn reachable_condemned_blob_is_pardoned() {
     let layer = LayerDescriptor {
         schema: crate::model::SCHEMA,
         kind: LayerKind::Base,
+        content: None,
         meta: ObjectRef {
             digest: meta,
             size: 16,

@@ -107,6 +107,8 @@ pub enum StoreError {
     },
     #[error("{key} is corrupt in the store: {why}")]
     Malformed { key: String, why: String },
+    #[error("tag {tag} already names another image ({found}); pass --force to move it")]
+    TagTaken { tag: String, found: String },
     #[error("tag {tag} was changed concurrently (expected {expected}, found {found}); nothing was changed")]
     TagConflict {
         tag: String,
@@ -554,14 +556,56 @@ impl Store {
         Ok(T::from_bytes(&b)?)
     }
 
-    /// Stores a layer descriptor (after its metadata and blobs); returns its digest.
+    /// Stores a layer descriptor (after its metadata and blobs); returns its name
+    /// ([`LayerDescriptor::digest`]). A reproducible layer stored under that name already keeps its
+    /// placement while the layer can be relied on ([`Store::layer_unreusable`]); one that cannot (a blob
+    /// gone or condemned by gc, a damaged descriptor) gets `l`'s placement instead.
     pub fn put_layer(&self, l: &LayerDescriptor) -> Result<Digest, StoreError> {
-        self.put_json(l, key::layer)
+        let d = l.digest();
+        if l.content.is_none() {
+            return self.put_json(l, key::layer);
+        }
+        if self.stored_layer(&d)?.is_none() {
+            self.backend.put(
+                &key::layer(&d),
+                Bytes::from(l.to_bytes()),
+                PutMode::Overwrite,
+            )?;
+        }
+        Ok(d)
     }
 
-    /// Reads a layer descriptor.
+    /// The stored descriptor of layer `d` if it can be relied on by a new reference: it and every object
+    /// it names exist and are not condemned by gc. `None` when it is absent, damaged or not reusable.
+    pub fn stored_layer(&self, d: &Digest) -> Result<Option<LayerDescriptor>, StoreError> {
+        if !self.reusable(&key::layer(d))? {
+            return Ok(None);
+        }
+        match self.get_layer(d) {
+            Ok(l) if self.layer_unreusable(d, &l)?.is_none() => Ok(Some(l)),
+            Ok(_) => Ok(None),
+            Err(e) if e.is_damaged() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads a layer descriptor, verified against its name: the digest of its identity for a
+    /// reproducible layer, of its bytes for an older one ([`LayerDescriptor::digest`]).
     pub fn get_layer(&self, d: &Digest) -> Result<LayerDescriptor, StoreError> {
-        self.get_json(d, key::layer)
+        let key = key::layer(d);
+        let b = self.backend.get(&key)?.0;
+        let (actual, parsed) = match LayerDescriptor::from_bytes(&b) {
+            Ok(l) if l.content.is_some() => (l.digest(), Ok(l)),
+            parsed => (Digest::of(&b), parsed),
+        };
+        if actual != *d {
+            return Err(StoreError::Corrupt {
+                key,
+                expected: *d,
+                actual,
+            });
+        }
+        Ok(parsed?)
     }
 
     /// Stores a manifest (after its layers); returns its digest.
