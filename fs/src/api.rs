@@ -237,6 +237,11 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
             false => failure(409, ErrorKind::Conflict, "a trace is already running"),
         }),
         ("POST", ["v1", "trace", "stop"]) => json_reply((200, json!({"entries": d.trace_stop()}))),
+        ("POST", ["v1", "sandboxes", "delete"]) => {
+            json_reply(crate::teardown::delete_route(d, &req.body, |s| {
+                sandbox_json(d, s)
+            }))
+        }
         ("DELETE", ["v1", "sandboxes", id]) => {
             let removed = match purge {
                 true => d.purge_sandbox(id, force),

@@ -293,6 +293,8 @@ pub struct Daemon {
     pub(crate) mode: MountMode,
     pub mode_report: ModeReport,
     pub(crate) loops: Loops,
+    /// Where removed sandboxes' directories go to be deleted in the background.
+    pub(crate) trash: crate::teardown::Trash,
 }
 
 pub(crate) fn valid_id(id: &str) -> bool {
@@ -404,6 +406,12 @@ impl Daemon {
                 .then(|| Duration::from_secs_f64(config.record_plans_secs.min(86_400.0))),
         );
         let config_loop_dio = config.loop_direct_io;
+        let trash = crate::teardown::Trash::new(
+            [&config.state_dir, &config.runtime_dir]
+                .iter()
+                .map(|d| d.join("sandboxes").join(".trash"))
+                .collect(),
+        );
         let d = Arc::new(Daemon {
             warming,
             node: NodeState::open(&config.state_dir)?,
@@ -420,6 +428,7 @@ impl Daemon {
             mode,
             mode_report,
             loops: Loops::new(config_loop_dio),
+            trash,
         });
         // Every running sandbox's blobs are registered before the first request is read.
         d.restore()?;

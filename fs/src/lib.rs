@@ -37,6 +37,7 @@ pub mod sandboxes;
 pub mod size;
 pub mod slowread;
 pub mod state;
+pub mod teardown;
 #[cfg(test)]
 mod testkit;
 pub mod treefs;

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use serde_json::json;
 use strata_registry::store::{Store, StoreOptions, DEFAULT_STORE};
 
 use crate::{
@@ -93,8 +94,9 @@ pub enum Cmd {
     },
     /// Stop a sandbox: remove its rootfs (its upper directory stays, for pack_diff or --resume, unless --purge).
     Umount {
-        #[arg(long)]
-        sandbox: String,
+        /// Sandbox id (repeatable: several are stopped in one request).
+        #[arg(long, required = true)]
+        sandbox: Vec<String>,
         /// Also delete its upper and work directories and its record (refused while processes run in
         /// its rootfs, unless --force).
         #[arg(long)]
@@ -105,12 +107,18 @@ pub enum Cmd {
     },
     /// Remove sandboxes for good: rootfs, upper and work directories, record.
     Rm {
-        /// Sandbox ids.
-        #[arg(required_unless_present = "stopped")]
+        /// Sandbox ids (all removed in one request to stratad).
+        #[arg(required_unless_present_any = ["stopped", "all", "image"])]
         sandboxes: Vec<String>,
         /// Every stopped sandbox (left over after `strata umount` or a node restart).
         #[arg(long)]
         stopped: bool,
+        /// Every sandbox of the node, running or stopped.
+        #[arg(long)]
+        all: bool,
+        /// Every sandbox of this image (the tag or digest it was created from, or its manifest digest).
+        #[arg(long, value_name = "IMAGE")]
+        image: Option<String>,
         /// Even if processes still run in a sandbox's rootfs.
         #[arg(long)]
         force: bool,
@@ -252,9 +260,14 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Rm {
             sandboxes,
             stopped,
+            all,
+            image,
             force,
             json,
-        } => return node::rm(socket, &sandboxes, stopped, force, json),
+        } => {
+            let sel = json!({"ids": sandboxes, "stopped": stopped, "all": all, "image": image});
+            return node::rm(socket, sel, force, json);
+        }
         Cmd::Daemon(c) => return node::daemon(socket, c),
         Cmd::Ps { json } => return node::ps(socket, json),
         Cmd::Bundle {

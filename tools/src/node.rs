@@ -53,59 +53,46 @@ pub fn mount(
     Ok(())
 }
 
-/// `strata umount`.
-pub fn umount(socket: &Path, id: &str, purge: bool, force: bool) -> Result<()> {
-    let q = match (purge, force) {
-        (true, true) => "?purge=1&force=1",
-        (true, false) => "?purge=1",
-        _ => "",
-    };
-    client(socket).call("DELETE", &format!("/v1/sandboxes/{id}{q}"), None)?;
-    Ok(())
+/// `strata umount`: stops the sandboxes (one batch request), or with `purge` removes them.
+pub fn umount(socket: &Path, ids: &[String], purge: bool, force: bool) -> Result<()> {
+    let body = json!({"ids": ids, "purge": purge, "force": force});
+    let (_, failed) = delete(socket, body)?;
+    failed.map_or(Ok(()), Err)
 }
 
-/// `strata rm`: purges the named sandboxes (or every stopped one); all are tried, the first failure
-/// is reported.
-pub fn rm(socket: &Path, ids: &[String], stopped: bool, force: bool, json_out: bool) -> Result<()> {
-    let c = client(socket);
-    let mut ids = ids.to_vec();
-    if stopped {
-        let all = c.call("GET", "/v1/sandboxes", None)?;
-        ids.extend(
-            all.as_array()
-                .into_iter()
-                .flatten()
-                .filter(|s| s["state"] == "stopped")
-                .filter_map(|s| s["id"].as_str().map(str::to_string)),
-        );
+/// `strata rm`: purges the sandboxes `selection` names (ids, `all`, `image`, `stopped`: see
+/// `POST /v1/sandboxes/delete` in docs/API.md) in one request; all are tried, the first failure is
+/// reported after the removed ones are listed.
+pub fn rm(socket: &Path, mut selection: Value, force: bool, json_out: bool) -> Result<()> {
+    selection["purge"] = json!(true);
+    selection["force"] = json!(force);
+    let (removed, failed) = delete(socket, selection)?;
+    let ids: Vec<&str> = removed.iter().filter_map(|s| s["id"].as_str()).collect();
+    match json_out {
+        true => println!("{}", json!({"removed": ids})),
+        false => ids.iter().for_each(|id| println!("{id}")),
     }
-    let q = if force {
-        "?purge=1&force=1"
-    } else {
-        "?purge=1"
-    };
-    let mut removed = Vec::new();
-    let mut first_err = None;
-    for id in &ids {
-        match c.call("DELETE", &format!("/v1/sandboxes/{id}{q}"), None) {
-            Ok(_) => removed.push(id.clone()),
-            Err(e) => {
-                eprintln!("strata: {id}: {e}");
-                first_err.get_or_insert(e);
-            }
-        }
+    failed.map_or(Ok(()), Err)
+}
+
+/// One batch delete: the sandboxes done, and the first failure (each failure is printed).
+fn delete(socket: &Path, body: Value) -> Result<(Vec<Value>, Option<anyhow::Error>)> {
+    let v = client(socket).call("POST", "/v1/sandboxes/delete", Some(&body))?;
+    let mut first = None;
+    for f in v["failed"].as_array().into_iter().flatten() {
+        let (id, message) = (f["id"].as_str().unwrap_or("?"), f["error"].as_str());
+        eprintln!("strata: {id}: {}", message.unwrap_or("failed"));
+        first.get_or_insert_with(|| {
+            let e = strata_fs::api::ClientError::Api {
+                status: 409,
+                kind: serde_json::from_value(f["kind"].clone())
+                    .unwrap_or(strata_fs::api::ErrorKind::Internal),
+                message: format!("{id}: {}", message.unwrap_or("failed")),
+            };
+            anyhow::Error::from(e)
+        });
     }
-    if json_out {
-        println!("{}", json!({"removed": removed}));
-    } else {
-        for id in &removed {
-            println!("{id}");
-        }
-    }
-    match first_err {
-        Some(e) => Err(e.into()),
-        None => Ok(()),
-    }
+    Ok((v["removed"].as_array().cloned().unwrap_or_default(), first))
 }
 
 /// `strata daemon ...`.
