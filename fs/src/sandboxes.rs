@@ -81,6 +81,16 @@ pub(crate) fn leftovers(
     }
 }
 
+/// Whether `dir` is a mount point (its device differs from its parent's).
+fn is_mount(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let dev = |p: &Path| std::fs::symlink_metadata(p).map(|m| m.dev()).ok();
+    match (dev(dir), dir.parent().and_then(dev)) {
+        (Some(a), Some(b)) => a != b,
+        _ => false,
+    }
+}
+
 /// Gives directory `dir` the owner, permissions and modification time of directory `from`.
 fn root_attrs(from: &Path, dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::MetadataExt;
@@ -178,6 +188,12 @@ impl Daemon {
             state: SandboxState::Running,
             config: m.config.clone(),
             vm: None,
+            // A resumed sandbox goes on counting.
+            fetched_bytes: match reuse {
+                Reuse::Resume => prior.as_ref().map_or(0, |p| p.fetched_bytes),
+                _ => 0,
+            },
+            root: None,
         };
         lowers.reverse(); // overlay wants the top layer first
         if let Err(e) = self.mount_sandbox(&sb, &lowers) {
@@ -188,6 +204,8 @@ impl Daemon {
             }
             return Err(e);
         }
+        let mut sb = sb;
+        sb.root = state::root_key(&sb.rootfs);
         self.lock().sandboxes.insert(id.to_string(), sb.clone());
         tracing::info!(
             sandbox = id,
@@ -266,6 +284,9 @@ impl Daemon {
                 return Err(DaemonError::NotRunning(id.to_string()));
             }
             sb.state = SandboxState::Stopped;
+            if let Some(k) = sb.root.take() {
+                sb.fetched_bytes += self.metrics.attribution.take(k);
+            }
             sb.clone()
         };
         if sb.vm.is_some() {
@@ -274,9 +295,12 @@ impl Daemon {
             if let Err(e) = mount::unmount(&sb.rootfs, true) {
                 tracing::warn!(error = %e, sandbox = id, "unmounting rootfs");
             }
-            let dir = sb.rootfs.parent().unwrap_or(&sb.rootfs);
-            if let Err(e) = self.trash.discard(dir) {
-                tracing::warn!(error = %e, sandbox = id, "removing the rootfs directory");
+            // Never deleted through a mount: the directory goes once nothing is mounted on it.
+            if !is_mount(&sb.rootfs) {
+                let dir = sb.rootfs.parent().unwrap_or(&sb.rootfs);
+                if let Err(e) = self.trash.discard(dir) {
+                    tracing::warn!(error = %e, sandbox = id, "removing the rootfs directory");
+                }
             }
             self.release_all(&sb.layers);
         }
@@ -336,6 +360,9 @@ impl Daemon {
                 }
             }
             if sb.state == SandboxState::Running {
+                if sb.vm.is_none() {
+                    sb.root = state::root_key(&sb.rootfs);
+                }
                 let counts = match sb.vm.is_some() {
                     true => &mut vm_refs,
                     false => &mut refs,
@@ -350,14 +377,13 @@ impl Daemon {
         self.restore_vm_layers(&mut st, vm_refs);
         for (d, n) in refs {
             match self.serve_layer(&d) {
-                Ok((blobs, bytes)) => {
+                Ok((_, bytes)) => {
                     let path = runtime.join("layers").join(d.hex());
                     st.layers.insert(
                         d,
                         LayerMount {
                             refs: n,
                             path,
-                            blobs,
                             bytes,
                         },
                     );

@@ -85,6 +85,13 @@ pub struct Sandbox {
     /// `upper` is its scratch image and `work` the directory holding it; `rootfs` is empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<crate::vm::VmDrives>,
+    /// Compressed bytes the node fetched for this sandbox's read misses, up to the last time the
+    /// daemon wrote the record ([`crate::attribution`]; the API adds what was counted since).
+    #[serde(default)]
+    pub fetched_bytes: u64,
+    /// Its rootfs's device and inode while it runs (what its processes have as their root).
+    #[serde(skip)]
+    pub root: Option<RootKey>,
 }
 
 /// The state directory's `node/` part.
@@ -370,6 +377,8 @@ mod tests {
             state: SandboxState::Running,
             config: ImageConfig::default(),
             vm: None,
+            fetched_bytes: 0,
+            root: None,
         }
     }
 

@@ -8,8 +8,8 @@ use serde_json::json;
 use strata_registry::store::{Store, StoreOptions, DEFAULT_STORE};
 
 use crate::{
-    catalog, compose, copy, export, images, import, index, layers, node, progress, snapshot, trace,
-    view, vm,
+    catalog, compose, copy, export, images, import, index, layers, node, progress, run, snapshot,
+    trace, view, vm,
 };
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
@@ -139,7 +139,14 @@ pub enum Cmd {
         #[arg(long)]
         sandbox: String,
         dir: PathBuf,
+        /// Command and arguments replacing the image's cmd (its entrypoint stays).
+        #[arg(last = true, value_name = "CMD")]
+        cmd: Vec<String>,
     },
+    /// Run an image as its config says (env, working directory, user, entrypoint and cmd) in a sandbox
+    /// through stratad, with bubblewrap or runc; exits with the process's status; removes the sandbox
+    /// afterwards unless --keep.
+    Run(run::RunArgs),
     /// A microVM sandbox through stratad: the image's layers as drives, a scratch drive, and a launch
     /// description in DIR (vm.json, qemu.sh, ...). See docs/VM.md.
     Vm(vm::VmArgs),
@@ -274,7 +281,9 @@ pub fn run(cli: Cli) -> Result<()> {
             image,
             sandbox,
             dir,
-        } => return node::bundle(socket, &image, &sandbox, &dir),
+            cmd,
+        } => return node::bundle(socket, &image, &sandbox, &dir, &cmd),
+        Cmd::Run(a) => return run::run(socket, a),
         cmd => cmd,
     };
     // Only commands that add to a store create it; the rest need one that exists.
@@ -306,6 +315,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Index(c) => index::index(&store, c),
         Cmd::Mount { .. }
         | Cmd::Bundle { .. }
+        | Cmd::Run(_)
         | Cmd::Umount { .. }
         | Cmd::Rm { .. }
         | Cmd::Daemon(_)

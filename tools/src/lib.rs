@@ -22,6 +22,7 @@ mod index;
 mod layers;
 mod node;
 mod progress;
+mod run;
 mod signals;
 mod snapshot;
 mod systemd;

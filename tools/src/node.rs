@@ -134,7 +134,7 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<24} {:<32} {:<8} {:>6} {:>12} {:>12}  ROOTFS (A VM: ITS SCRATCH DRIVE)",
+        "{:<24} {:<32} {:<8} {:>6} {:>12} {:>12}  ROOTFS (STOPPED: UPPER DIRECTORY; VM: SCRATCH DRIVE)",
         "SANDBOX", "IMAGE", "STATE", "LAYERS", "FETCHED", "IMAGE SIZE"
     );
     for s in sandboxes.as_array().into_iter().flatten() {
@@ -146,16 +146,19 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
             s["layers"].as_array().map_or(0, |l| l.len()),
             human(s["fetched_bytes"].as_u64().unwrap_or(0)),
             human(s["image_bytes"].as_u64().unwrap_or(0)),
-            match s["vm"]["scratch"].as_str() {
+            match (s["vm"]["scratch"].as_str(), s["state"].as_str()) {
                 // A microVM has no rootfs on the host: its scratch drive.
-                Some(scratch) => format!("(vm) {scratch}"),
-                None => s["rootfs"].as_str().unwrap_or("").to_string(),
+                (Some(scratch), _) => format!("(vm) {scratch}"),
+                // A stopped sandbox's rootfs is gone: what it keeps is its upper directory.
+                (None, Some("stopped")) => format!("(upper) {}", s["upper"].as_str().unwrap_or("")),
+                (None, _) => s["rootfs"].as_str().unwrap_or("").to_string(),
             }
         );
     }
     let cache = &status["cache"];
     println!(
-        "layers mounted: {}  cache: {} of {} ({} chunks)",
+        "fetched for no sandbox: {}  layers mounted: {}  cache: {} of {} ({} chunks)",
+        human(status["fetched_unattributed"].as_u64().unwrap_or(0)),
         status["layers"].as_array().map_or(0, |l| l.len()),
         human(cache["used"].as_u64().unwrap_or(0)),
         human(cache["capacity"].as_u64().unwrap_or(0)),
@@ -259,24 +262,19 @@ pub fn runtime_config(rootfs: &Path, p: &Process, hostname: &str) -> Value {
 }
 
 /// `strata bundle`: mounts a sandbox and writes `DIR/config.json` pointing at its rootfs, running the
-/// process stratad reports for it (the image's config, its user resolved in the image).
-pub fn bundle(socket: &Path, image: &str, id: &str, dir: &Path) -> Result<()> {
-    let v = client(socket).call(
-        "POST",
-        "/v1/sandboxes",
-        Some(&json!({"image": image, "id": id})),
-    )?;
+/// process stratad reports for it (the image's config, its user resolved in the image), its cmd
+/// replaced by `cmd` when given. A failure after the sandbox was created removes it again.
+pub fn bundle(socket: &Path, image: &str, id: &str, dir: &Path, cmd: &[String]) -> Result<()> {
+    let c = client(socket);
+    let (sandbox, v) = crate::run::Created::new(&c, image, id, false)?;
     let rootfs = PathBuf::from(v["rootfs"].as_str().unwrap_or_default());
-    let process: Process = match (&v["process"], v["process_error"].as_str()) {
-        (_, Some(e)) => anyhow::bail!("sandbox {id} of {image}: {e}"),
-        (p, None) => serde_json::from_value(p.clone())
-            .with_context(|| format!("stratad's answer for sandbox {id} has no process: {v}"))?,
-    };
+    let process = crate::run::process_of(&v, id, cmd)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let cfg = runtime_config(&rootfs, &process, id);
     let path = dir.join("config.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&cfg)?)
         .with_context(|| format!("writing {}", path.display()))?;
+    sandbox.hand_on();
     println!("{}", dir.display());
     Ok(())
 }
