@@ -122,10 +122,20 @@ pub(crate) fn error_json(e: &DaemonError) -> (u16, Value) {
     failure(e.status(), e.kind(), &e.to_string())
 }
 
-fn sandbox_json(d: &Daemon, s: &crate::daemon::Sandbox) -> Value {
+/// A sandbox as the API shows it: its record, with the bytes fetched for its misses so far and its
+/// image's stored bytes as `strata images` counts them (asked of the store only when `sizes`; else
+/// the last known figure).
+fn sandbox_json_sized(d: &Daemon, s: &crate::daemon::Sandbox, sizes: bool) -> Value {
     let mut v = serde_json::to_value(s).unwrap_or(Value::Null);
-    v["fetched_bytes"] = json!(d.fetched_bytes(&s.layers));
+    v["fetched_bytes"] = json!(d.fetched_by(s));
+    if let Some(n) = d.image_bytes(&s.manifest, sizes) {
+        v["image_bytes"] = json!(n);
+    }
     v
+}
+
+fn sandbox_json(d: &Daemon, s: &crate::daemon::Sandbox) -> Value {
+    sandbox_json_sized(d, s, false)
 }
 
 /// A sandbox with the process its image's config starts (user names resolved in its rootfs): for a
@@ -182,7 +192,11 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
             },
         }),
         ("GET", ["v1", "sandboxes"]) => {
-            let v: Vec<Value> = d.sandboxes().iter().map(|s| sandbox_json(d, s)).collect();
+            let v: Vec<Value> = d
+                .sandboxes()
+                .iter()
+                .map(|s| sandbox_json_sized(d, s, true))
+                .collect();
             json_reply((200, json!(v)))
         }
         ("GET", ["v1", "sandboxes", id]) => json_reply(match d.sandbox(id) {
@@ -237,6 +251,11 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
             false => failure(409, ErrorKind::Conflict, "a trace is already running"),
         }),
         ("POST", ["v1", "trace", "stop"]) => json_reply((200, json!({"entries": d.trace_stop()}))),
+        ("POST", ["v1", "sandboxes", "delete"]) => {
+            json_reply(crate::teardown::delete_route(d, &req.body, |s| {
+                sandbox_json(d, s)
+            }))
+        }
         ("DELETE", ["v1", "sandboxes", id]) => {
             let removed = match purge {
                 true => d.purge_sandbox(id, force),

@@ -32,6 +32,7 @@ use rustix::io::Errno;
 use strata_registry::digest::Digest;
 use strata_registry::toc::BLOCK_SIZE;
 
+use crate::attribution::with_reader;
 use crate::fetch::{BlobHandle, FetchError, Fetcher};
 use crate::fuse::proto::{self, Attr};
 use crate::fuse::session::{Filesystem, Reply};
@@ -376,13 +377,18 @@ impl Filesystem for BlobFs {
         // Not all cached: fetch on the blob's own threads, not on this worker.
         let (view, metrics) = (self.view.clone(), self.metrics.clone());
         let digest = blob.blob.digest;
+        let reader = reply.pid();
         self.slow.submit(
             digest,
             reply,
             Box::new(move || {
                 let done = out.len();
                 out.resize(n, 0);
-                match view.read(&blob, offset + done as u64, &mut out[done..], false) {
+                let rest = &mut out[done..];
+                let read = with_reader(reader, || {
+                    view.read(&blob, offset + done as u64, rest, false)
+                });
+                match read {
                     Ok(_) => {
                         metrics.served(n);
                         Ok(out)

@@ -257,7 +257,6 @@ fn io(path: &Path, source: std::io::Error) -> DaemonError {
 pub(crate) struct LayerMount {
     pub(crate) refs: usize,
     pub(crate) path: PathBuf,
-    pub(crate) blobs: Vec<Digest>,
     /// Stored bytes of the layer (metadata and blobs).
     pub(crate) bytes: u64,
 }
@@ -271,6 +270,8 @@ pub(crate) struct State {
     pub(crate) vm_layers: HashMap<Digest, crate::vm::VmLayer>,
     /// Manifests are immutable: each is read from the store once.
     manifests: HashMap<Digest, Arc<Manifest>>,
+    /// Stored bytes of images, as `strata images` counts them (see [`Daemon::image_bytes`]).
+    pub(crate) image_sizes: HashMap<Digest, u64>,
 }
 
 /// The node daemon.
@@ -293,6 +294,8 @@ pub struct Daemon {
     pub(crate) mode: MountMode,
     pub mode_report: ModeReport,
     pub(crate) loops: Loops,
+    /// Where removed sandboxes' directories go to be deleted in the background.
+    pub(crate) trash: crate::teardown::Trash,
 }
 
 pub(crate) fn valid_id(id: &str) -> bool {
@@ -404,6 +407,12 @@ impl Daemon {
                 .then(|| Duration::from_secs_f64(config.record_plans_secs.min(86_400.0))),
         );
         let config_loop_dio = config.loop_direct_io;
+        let trash = crate::teardown::Trash::new(
+            [&config.state_dir, &config.runtime_dir]
+                .iter()
+                .map(|d| d.join("sandboxes").join(".trash"))
+                .collect(),
+        );
         let d = Arc::new(Daemon {
             warming,
             node: NodeState::open(&config.state_dir)?,
@@ -420,6 +429,7 @@ impl Daemon {
             mode,
             mode_report,
             loops: Loops::new(config_loop_dio),
+            trash,
         });
         // Every running sandbox's blobs are registered before the first request is read.
         d.restore()?;
@@ -441,6 +451,7 @@ impl Daemon {
             .map_err(|e| io(&d.config.runtime_dir, e))?;
         *d.fuse.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
         d.remount_held_layers();
+        d.start_flushing();
         Ok(d)
     }
 
@@ -501,7 +512,6 @@ impl Daemon {
             LayerMount {
                 refs: 1,
                 path: target.clone(),
-                blobs: desc.blobs.iter().map(|b| b.digest).collect(),
                 bytes,
             },
         );
@@ -653,25 +663,10 @@ impl Daemon {
         self.lock().sandboxes.get(id).cloned()
     }
 
-    /// Bytes fetched for the blobs of these layers.
-    pub fn fetched_bytes(&self, layers: &[Digest]) -> u64 {
-        let st = self.lock();
-        let mut blobs: Vec<Digest> = layers
-            .iter()
-            .flat_map(|l| {
-                let mounted = st.layers.get(l).map(|m| &m.blobs);
-                mounted.or_else(|| st.vm_layers.get(l).map(|v| &v.blobs))
-            })
-            .flat_map(|b| b.iter().copied())
-            .collect();
-        blobs.sort();
-        blobs.dedup();
-        blobs.iter().map(|b| self.metrics.fetched_bytes(b)).sum()
-    }
-
     /// A status document: layers, cache, sandboxes.
     pub fn status(&self) -> serde_json::Value {
         let cache = self.fetcher.cache();
+        let unattributed = self.fetched_unattributed();
         let st = self.lock();
         let layers: Vec<_> = st
             .layers
@@ -709,6 +704,7 @@ impl Daemon {
             "loop_devices": self.loop_devices(),
             "fuse": fuse,
             "running": running,
+            "fetched_unattributed": unattributed,
             "store": self.config.store,
             "cache": {"used": cache.used(), "capacity": cache.capacity(), "chunks": cache.len()},
             "layers": layers,
@@ -767,6 +763,7 @@ impl Daemon {
         if let Some(s) = self.fuse.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             s.stop();
         }
+        self.retire_fetched();
     }
 
     /// Tears the node down: detaches every sandbox rootfs and layer mount, then the blob server.

@@ -386,6 +386,7 @@ impl Fetcher {
         i: usize,
     ) -> Option<Result<ChunkBytes, FetchError>> {
         let toc = &blob.toc;
+        let span: u64;
         let (claimed, flights) = {
             let mut inflight = self.lock();
             if inflight.contains_key(&toc.chunks[i].digest) {
@@ -427,6 +428,15 @@ impl Fetcher {
             };
             let flights = claim(&mut inflight, toc, &claimed);
             let behind_flights = claim(&mut inflight, toc, &behind);
+            let frames: std::collections::BTreeSet<usize> = claimed
+                .iter()
+                .chain(&behind)
+                .map(|&j| toc.chunks[j].frame as usize)
+                .collect();
+            span = frames
+                .iter()
+                .map(|&f| toc.frames[f].compressed as u64)
+                .sum();
             if !behind.is_empty() {
                 let (me, b) = (self.clone(), blob.clone());
                 let _ = std::thread::Builder::new()
@@ -437,6 +447,8 @@ impl Fetcher {
             }
             (claimed, flights)
         };
+        // Charged to the reader's sandbox (outside the lock: it reads /proc).
+        self.metrics.attribution.miss(span);
         // The chunks of chunk `i`'s own frame are fetched here; the followers (later frames) in a second
         // request on a background thread, so that the reader waits only for its own frame's transfer,
         // decompression and check, while the followers arrive in parallel.

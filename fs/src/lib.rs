@@ -11,12 +11,15 @@
 //! (what a containerd snapshotter uses). The node's state ([`state`]) is on disk, so a successor
 //! serving the same FUSE connection — or a daemon restarted after the node died — knows every sandbox.
 //! [`warming`] fetches an image's prefetch plan in the background when it is mounted. [`api`] is the
-//! control socket, [`metrics`] what it exports; [`process`] is what an image's config starts in a
-//! sandbox, as the API reports it. [`vm`] serves the same layers to microVMs as drive files (metadata
-//! through [`metafile`]) with a scratch drive for their changes. [`treefs`] serves a layer's whole tree
+//! control socket, [`metrics`] what it exports (with [`attribution`]: bytes fetched per sandbox,
+//! charged to the sandbox whose process read); [`teardown`] stops and removes many sandboxes in one
+//! request; [`process`] is what an image's config starts in a sandbox, as the API reports it. [`vm`]
+//! serves the same layers to microVMs as drive files (metadata through [`metafile`]) with a scratch
+//! drive for their changes. [`treefs`] serves a layer's whole tree
 //! over FUSE from its metadata (the `fuse` mount mode), for kernels whose EROFS cannot mount it.
 
 pub mod api;
+pub mod attribution;
 pub mod blobfs;
 pub mod cache;
 pub mod daemon;
@@ -38,6 +41,7 @@ pub mod sandboxes;
 pub mod size;
 pub mod slowread;
 pub mod state;
+pub mod teardown;
 #[cfg(test)]
 mod testkit;
 pub mod treefs;

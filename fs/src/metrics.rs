@@ -33,6 +33,8 @@ pub struct Metrics {
     latency_sum_us: AtomicU64,
     pub reads: AtomicU64,
     pub read_bytes: AtomicU64,
+    /// Fetched bytes by the sandbox whose read missed.
+    pub attribution: crate::attribution::Attribution,
 }
 
 impl Metrics {

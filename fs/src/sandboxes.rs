@@ -20,9 +20,6 @@ use crate::daemon::{detach, valid_id, Daemon, DaemonError, LayerMount};
 use crate::mount;
 use crate::state::{self, Sandbox, SandboxState};
 
-/// How long a purge waits for a sandbox's exiting processes to be gone before it calls the sandbox busy.
-const EXITING_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
 /// What to do when the requested id still has a stopped sandbox's upper directory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -84,6 +81,16 @@ pub(crate) fn leftovers(
     }
 }
 
+/// Whether `dir` is a mount point (its device differs from its parent's).
+fn is_mount(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let dev = |p: &Path| std::fs::symlink_metadata(p).map(|m| m.dev()).ok();
+    match (dev(dir), dir.parent().and_then(dev)) {
+        (Some(a), Some(b)) => a != b,
+        _ => false,
+    }
+}
+
 /// Gives directory `dir` the owner, permissions and modification time of directory `from`.
 fn root_attrs(from: &Path, dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::MetadataExt;
@@ -92,20 +99,6 @@ fn root_attrs(from: &Path, dir: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(dir, m.permissions())?;
     let f = std::fs::File::open(dir)?;
     f.set_times(std::fs::FileTimes::new().set_modified(m.modified()?))
-}
-
-/// Deletes a sandbox's upper and work directories, and their parent if that is left empty.
-fn delete_dirs(upper: &Path, work: &Path) -> Result<(), DaemonError> {
-    for d in [upper, work] {
-        match std::fs::remove_dir_all(d) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(d, e)),
-            _ => {}
-        }
-    }
-    if let Some(base) = upper.parent() {
-        let _ = std::fs::remove_dir(base);
-    }
-    Ok(())
 }
 
 impl Daemon {
@@ -152,7 +145,7 @@ impl Daemon {
                 if let Some(p) = &prior {
                     self.delete_sandbox_files(p)?;
                 }
-                delete_dirs(&upper, &work)?;
+                self.delete_dirs(&upper, &work)?;
             }
             Leftovers::None => {}
         }
@@ -195,6 +188,12 @@ impl Daemon {
             state: SandboxState::Running,
             config: m.config.clone(),
             vm: None,
+            // A resumed sandbox goes on counting.
+            fetched_bytes: match reuse {
+                Reuse::Resume => prior.as_ref().map_or(0, |p| p.fetched_bytes),
+                _ => 0,
+            },
+            root: None,
         };
         lowers.reverse(); // overlay wants the top layer first
         if let Err(e) = self.mount_sandbox(&sb, &lowers) {
@@ -205,6 +204,8 @@ impl Daemon {
             }
             return Err(e);
         }
+        let mut sb = sb;
+        sb.root = state::root_key(&sb.rootfs);
         self.lock().sandboxes.insert(id.to_string(), sb.clone());
         tracing::info!(
             sandbox = id,
@@ -234,8 +235,25 @@ impl Daemon {
     pub(crate) fn delete_sandbox_files(&self, sb: &Sandbox) -> Result<(), DaemonError> {
         match sb.vm.is_some() {
             true => self.delete_files(sb),
-            false => delete_dirs(&sb.upper, &sb.work),
+            false => self.delete_dirs(&sb.upper, &sb.work),
         }
+    }
+
+    /// Moves a sandbox's upper and work directories to the trash: their parent at once if it is the
+    /// sandbox's own directory in the state directory (left empty by them), else each of them.
+    fn delete_dirs(&self, upper: &Path, work: &Path) -> Result<(), DaemonError> {
+        let base = upper.parent().filter(|b| {
+            Some(*b) == work.parent()
+                && b.parent() == Some(&self.config.state_dir.join("sandboxes"))
+        });
+        let dirs = match base {
+            Some(b) => vec![b],
+            None => vec![upper, work],
+        };
+        for d in dirs {
+            self.trash.discard(d).map_err(|e| io(d, e))?;
+        }
+        Ok(())
     }
 
     fn release_all(&self, layers: &[Digest]) {
@@ -247,57 +265,65 @@ impl Daemon {
     /// Stops a sandbox: unmounts its rootfs (its upper directory and record stay, for `pack_diff`,
     /// `--resume` or a purge).
     pub fn remove_sandbox(&self, id: &str) -> Result<Sandbox, DaemonError> {
-        let mut sb = self
-            .lock()
-            .sandboxes
-            .get(id)
-            .cloned()
-            .ok_or_else(|| DaemonError::NoSandbox(id.to_string()))?;
-        if sb.state == SandboxState::Stopped {
-            return Err(DaemonError::NotRunning(id.to_string()));
-        }
+        let sb = self.stop(id)?;
+        self.node.save_sandbox(&sb)?;
+        tracing::info!(sandbox = id, "sandbox stopped");
+        Ok(sb)
+    }
+
+    /// Unmounts a running sandbox (its rootfs directory to the trash) and marks it stopped, without
+    /// recording that. The mark is taken under the lock first: of two concurrent stops, one does it.
+    fn stop(&self, id: &str) -> Result<Sandbox, DaemonError> {
+        let sb = {
+            let mut st = self.lock();
+            let sb = st
+                .sandboxes
+                .get_mut(id)
+                .ok_or_else(|| DaemonError::NoSandbox(id.to_string()))?;
+            if sb.state == SandboxState::Stopped {
+                return Err(DaemonError::NotRunning(id.to_string()));
+            }
+            sb.state = SandboxState::Stopped;
+            if let Some(k) = sb.root.take() {
+                sb.fetched_bytes += self.metrics.attribution.take(k);
+            }
+            sb.clone()
+        };
         if sb.vm.is_some() {
             self.stop_vm(&sb);
         } else {
             if let Err(e) = mount::unmount(&sb.rootfs, true) {
                 tracing::warn!(error = %e, sandbox = id, "unmounting rootfs");
             }
-            let _ = std::fs::remove_dir(&sb.rootfs);
-            if let Some(parent) = sb.rootfs.parent() {
-                let _ = std::fs::remove_dir(parent);
+            // Never deleted through a mount: the directory goes once nothing is mounted on it.
+            if !is_mount(&sb.rootfs) {
+                let dir = sb.rootfs.parent().unwrap_or(&sb.rootfs);
+                if let Err(e) = self.trash.discard(dir) {
+                    tracing::warn!(error = %e, sandbox = id, "removing the rootfs directory");
+                }
             }
             self.release_all(&sb.layers);
         }
-        sb.state = SandboxState::Stopped;
-        self.lock().sandboxes.insert(id.to_string(), sb.clone());
-        self.node.save_sandbox(&sb)?;
-        tracing::info!(sandbox = id, "sandbox stopped");
         Ok(sb)
     }
 
     /// Removes a sandbox for good: stops it, deletes its upper and work directories and its record.
     /// Refuses while processes run in its rootfs, unless `force`.
     pub fn purge_sandbox(&self, id: &str, force: bool) -> Result<Sandbox, DaemonError> {
+        let ids = [id.to_string()];
+        let r = self.delete_sandboxes(&ids, crate::teardown::Teardown::Purge { force });
+        r.into_iter()
+            .next()
+            .unwrap_or_else(|| Err(DaemonError::NoSandbox(id.to_string())))
+    }
+
+    /// [`Daemon::purge_sandbox`] once its processes were checked (or need not be).
+    pub(crate) fn purge_unchecked(&self, id: &str) -> Result<Sandbox, DaemonError> {
         let sb = self
             .sandbox(id)
             .ok_or_else(|| DaemonError::NoSandbox(id.to_string()))?;
-        if (sb.state == SandboxState::Running || sb.vm.is_some()) && !force {
-            let pids = match sb.vm.is_some() {
-                // A VMM holding the scratch image open.
-                true => crate::vm::holders(&sb.upper).unwrap_or_default(),
-                // Processes exiting (a sandbox's PID 1 just after its runtime died) are waited for.
-                false => state::settled_sandbox_pids(&sb.rootfs, EXITING_WAIT)
-                    .map_err(|e| io(&sb.rootfs, e))?,
-            };
-            if !pids.is_empty() {
-                return Err(DaemonError::Busy {
-                    id: id.to_string(),
-                    pids,
-                });
-            }
-        }
         let sb = match sb.state {
-            SandboxState::Running => self.remove_sandbox(id)?,
+            SandboxState::Running => self.stop(id)?,
             SandboxState::Stopped => sb,
         };
         self.delete_sandbox_files(&sb)?;
@@ -334,6 +360,9 @@ impl Daemon {
                 }
             }
             if sb.state == SandboxState::Running {
+                if sb.vm.is_none() {
+                    sb.root = state::root_key(&sb.rootfs);
+                }
                 let counts = match sb.vm.is_some() {
                     true => &mut vm_refs,
                     false => &mut refs,
@@ -348,14 +377,13 @@ impl Daemon {
         self.restore_vm_layers(&mut st, vm_refs);
         for (d, n) in refs {
             match self.serve_layer(&d) {
-                Ok((blobs, bytes)) => {
+                Ok((_, bytes)) => {
                     let path = runtime.join("layers").join(d.hex());
                     st.layers.insert(
                         d,
                         LayerMount {
                             refs: n,
                             path,
-                            blobs,
                             bytes,
                         },
                     );

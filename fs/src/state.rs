@@ -85,6 +85,13 @@ pub struct Sandbox {
     /// `upper` is its scratch image and `work` the directory holding it; `rootfs` is empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<crate::vm::VmDrives>,
+    /// Compressed bytes the node fetched for this sandbox's read misses, up to the last time the
+    /// daemon wrote the record ([`crate::attribution`]; the API adds what was counted since).
+    #[serde(default)]
+    pub fetched_bytes: u64,
+    /// Its rootfs's device and inode while it runs (what its processes have as their root).
+    #[serde(skip)]
+    pub root: Option<RootKey>,
 }
 
 /// The state directory's `node/` part.
@@ -250,24 +257,49 @@ pub fn mount_points(under: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The processes (other than this one) whose root directory is `rootfs`.
-pub fn sandbox_pids(rootfs: &Path) -> std::io::Result<Vec<i32>> {
+/// A directory's device and inode: what identifies a rootfs as some process's root.
+pub type RootKey = (u64, u64);
+
+/// The device and inode of directory `dir` (following symlinks, as `/proc/PID/root` is followed).
+pub fn root_key(dir: &Path) -> Option<RootKey> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(rootfs)?;
+    std::fs::metadata(dir).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The root directory of process `pid` (as seen from this process), if it can be told.
+pub fn process_root(pid: u32) -> Option<RootKey> {
+    root_key(Path::new(&format!("/proc/{pid}/root")))
+}
+
+/// The processes (other than this one) whose root directory is one `wanted` accepts, by root: one
+/// scan of `/proc` for any number of roots.
+pub fn pids_by_root(
+    wanted: impl Fn(RootKey) -> bool,
+) -> std::io::Result<std::collections::HashMap<RootKey, Vec<i32>>> {
     let me = std::process::id() as i32;
-    let mut out = Vec::new();
+    let mut out: std::collections::HashMap<RootKey, Vec<i32>> = Default::default();
     for e in std::fs::read_dir("/proc")?.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
         // A process may exit while we look: skip it.
-        match std::fs::metadata(e.path().join("root")) {
-            Ok(r) if pid != me && (r.dev(), r.ino()) == (m.dev(), m.ino()) => out.push(pid),
+        match process_root(pid as u32) {
+            Some(k) if pid != me && wanted(k) => out.entry(k).or_default().push(pid),
             _ => {}
         }
     }
-    out.sort_unstable();
+    for pids in out.values_mut() {
+        pids.sort_unstable();
+    }
     Ok(out)
+}
+
+/// The processes (other than this one) whose root directory is `rootfs`.
+pub fn sandbox_pids(rootfs: &Path) -> std::io::Result<Vec<i32>> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(rootfs)?;
+    let key = (m.dev(), m.ino());
+    Ok(pids_by_root(|k| k == key)?.remove(&key).unwrap_or_default())
 }
 
 /// The processes in `rootfs` once those already exiting are gone: while every process listed is
@@ -285,7 +317,7 @@ pub fn settled_sandbox_pids(rootfs: &Path, wait: std::time::Duration) -> std::io
 }
 
 /// True if process `pid` is exiting or gone.
-fn exiting(pid: i32) -> bool {
+pub(crate) fn exiting(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| exiting_from_stat(&s))
         .unwrap_or(true)
@@ -345,6 +377,8 @@ mod tests {
             state: SandboxState::Running,
             config: ImageConfig::default(),
             vm: None,
+            fetched_bytes: 0,
+            root: None,
         }
     }
 

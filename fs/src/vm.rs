@@ -248,6 +248,8 @@ impl Daemon {
             state: SandboxState::Running,
             config: m.config.clone(),
             vm: Some(drives),
+            fetched_bytes: 0,
+            root: None,
         };
         if let Err(e) = self.node.save_sandbox(&sb) {
             self.release_vm_layers(&acquired);

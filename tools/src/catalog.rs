@@ -14,7 +14,7 @@ use strata_registry::model::TagName;
 use strata_registry::store::{Store, StoreError};
 
 use crate::exit::{NotFound, Usage};
-use crate::images::{human, image_size};
+use crate::images::human;
 
 /// Tags that could not be followed; the error of a command that still printed what it could.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +46,7 @@ pub fn list(store: &Store, json_out: bool) -> Result<()> {
         let sized = store
             .get_manifest(&digest)
             .map_err(anyhow::Error::from)
-            .and_then(|m| Ok((m.layers.len(), image_size(store, &m)?)));
+            .and_then(|m| Ok((m.layers.len(), store.image_size(&m)?)));
         match sized {
             Ok((layers, (stored, logical))) => rows.push(Row {
                 tag,

@@ -4,11 +4,12 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use serde_json::json;
 use strata_registry::store::{Store, StoreOptions, DEFAULT_STORE};
 
 use crate::{
     catalog, compose, copy, export, images, import, index, layers, manual, node, progress,
-    registry, snapshot, trace, view, vm,
+    registry, run, snapshot, trace, view, vm,
 };
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
@@ -93,8 +94,9 @@ pub enum Cmd {
     },
     /// Stop a sandbox: remove its rootfs (its upper directory stays, for pack_diff or --resume, unless --purge).
     Umount {
-        #[arg(long)]
-        sandbox: String,
+        /// Sandbox id (repeatable: several are stopped in one request).
+        #[arg(long, required = true)]
+        sandbox: Vec<String>,
         /// Also delete its upper and work directories and its record (refused while processes run in
         /// its rootfs, unless --force).
         #[arg(long)]
@@ -105,12 +107,18 @@ pub enum Cmd {
     },
     /// Remove sandboxes for good: rootfs, upper and work directories, record.
     Rm {
-        /// Sandbox ids.
-        #[arg(required_unless_present = "stopped")]
+        /// Sandbox ids (all removed in one request to stratad).
+        #[arg(required_unless_present_any = ["stopped", "all", "image"])]
         sandboxes: Vec<String>,
         /// Every stopped sandbox (left over after `strata umount` or a node restart).
         #[arg(long)]
         stopped: bool,
+        /// Every sandbox of the node, running or stopped.
+        #[arg(long)]
+        all: bool,
+        /// Every sandbox of this image (the tag or digest it was created from, or its manifest digest).
+        #[arg(long, value_name = "IMAGE")]
+        image: Option<String>,
         /// Even if processes still run in a sandbox's rootfs.
         #[arg(long)]
         force: bool,
@@ -131,7 +139,14 @@ pub enum Cmd {
         #[arg(long)]
         sandbox: String,
         dir: PathBuf,
+        /// Command and arguments replacing the image's cmd (its entrypoint stays).
+        #[arg(last = true, value_name = "CMD")]
+        cmd: Vec<String>,
     },
+    /// Run an image as its config says (env, working directory, user, entrypoint and cmd) in a sandbox
+    /// through stratad, with bubblewrap or runc; exits with the process's status; removes the sandbox
+    /// afterwards unless --keep.
+    Run(run::RunArgs),
     /// A microVM sandbox through stratad: the image's layers as drives, a scratch drive, and a launch
     /// description in DIR (vm.json, qemu.sh, ...). See docs/VM.md.
     Vm(vm::VmArgs),
@@ -267,16 +282,23 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Rm {
             sandboxes,
             stopped,
+            all,
+            image,
             force,
             json,
-        } => return node::rm(socket, &sandboxes, stopped, force, json),
+        } => {
+            let sel = json!({"ids": sandboxes, "stopped": stopped, "all": all, "image": image});
+            return node::rm(socket, sel, force, json);
+        }
         Cmd::Daemon(c) => return node::daemon(socket, c),
         Cmd::Ps { json } => return node::ps(socket, json),
         Cmd::Bundle {
             image,
             sandbox,
             dir,
-        } => return node::bundle(socket, &image, &sandbox, &dir),
+            cmd,
+        } => return node::bundle(socket, &image, &sandbox, &dir, &cmd),
+        Cmd::Run(a) => return run::run(socket, a),
         Cmd::Completions(a) => return manual::completions(a),
         Cmd::Man(a) => return manual::man(a),
         Cmd::Login(a) => return registry::login(a),
@@ -311,6 +333,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Index(c) => index::index(&store, c),
         Cmd::Mount { .. }
         | Cmd::Bundle { .. }
+        | Cmd::Run(_)
         | Cmd::Umount { .. }
         | Cmd::Rm { .. }
         | Cmd::Daemon(_)

@@ -6,7 +6,7 @@ use strata_registry::digest::Digest;
 use strata_registry::model::{
     ImageConfig, LayerDescriptor, Manifest, ManifestLayer, Reference, TagName, SCHEMA,
 };
-use strata_registry::store::{key, Store, StoreError, TagState};
+use strata_registry::store::{Store, StoreError, TagState};
 
 use crate::exit::{NotFound, Usage};
 
@@ -255,32 +255,6 @@ pub fn tag(store: &Store, a: TagArgs) -> Result<()> {
     Ok(())
 }
 
-/// Bytes an image occupies in the store — its layers' metadata objects as stored (compressed, and the
-/// base of a patch), the distinct blobs they reference — and the logical bytes of its files.
-pub(crate) fn image_size(store: &Store, m: &Manifest) -> Result<(u64, u64)> {
-    let mut objects = std::collections::BTreeMap::new();
-    let mut logical = 0;
-    for l in &m.layers {
-        let d = store.get_layer(&l.digest)?;
-        logical += d.stats.file_bytes;
-        let mut metas = vec![d.meta.digest];
-        metas.extend(store.meta_base(&d.meta.digest)?);
-        for md in metas {
-            let k = key::meta(&md);
-            if let std::collections::btree_map::Entry::Vacant(e) = objects.entry(k) {
-                let n = store
-                    .size(e.key())?
-                    .ok_or_else(|| StoreError::NotFound(e.key().clone()))?;
-                e.insert(n);
-            }
-        }
-        for b in &d.blobs {
-            objects.insert(key::blob(&b.digest), b.size);
-        }
-    }
-    Ok((objects.values().sum(), logical))
-}
-
 /// Bytes for humans.
 pub fn human(n: u64) -> String {
     const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -323,7 +297,7 @@ pub fn inspect(store: &Store, r: &str, json_out: bool) -> Result<()> {
                     .with_context(|| format!("reading layer {}", l.digest))?;
                 layers.push((l.digest, desc));
             }
-            let (stored, logical) = image_size(store, &m)?;
+            let (stored, logical) = store.image_size(&m)?;
             if json_out {
                 let v = json!({
                     "digest": d.to_string(), "manifest": m, "stored_bytes": stored, "file_bytes": logical,

@@ -26,6 +26,7 @@ mod manual;
 mod node;
 mod progress;
 mod registry;
+mod run;
 mod signals;
 mod snapshot;
 mod systemd;

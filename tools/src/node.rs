@@ -53,59 +53,46 @@ pub fn mount(
     Ok(())
 }
 
-/// `strata umount`.
-pub fn umount(socket: &Path, id: &str, purge: bool, force: bool) -> Result<()> {
-    let q = match (purge, force) {
-        (true, true) => "?purge=1&force=1",
-        (true, false) => "?purge=1",
-        _ => "",
-    };
-    client(socket).call("DELETE", &format!("/v1/sandboxes/{id}{q}"), None)?;
-    Ok(())
+/// `strata umount`: stops the sandboxes (one batch request), or with `purge` removes them.
+pub fn umount(socket: &Path, ids: &[String], purge: bool, force: bool) -> Result<()> {
+    let body = json!({"ids": ids, "purge": purge, "force": force});
+    let (_, failed) = delete(socket, body)?;
+    failed.map_or(Ok(()), Err)
 }
 
-/// `strata rm`: purges the named sandboxes (or every stopped one); all are tried, the first failure
-/// is reported.
-pub fn rm(socket: &Path, ids: &[String], stopped: bool, force: bool, json_out: bool) -> Result<()> {
-    let c = client(socket);
-    let mut ids = ids.to_vec();
-    if stopped {
-        let all = c.call("GET", "/v1/sandboxes", None)?;
-        ids.extend(
-            all.as_array()
-                .into_iter()
-                .flatten()
-                .filter(|s| s["state"] == "stopped")
-                .filter_map(|s| s["id"].as_str().map(str::to_string)),
-        );
+/// `strata rm`: purges the sandboxes `selection` names (ids, `all`, `image`, `stopped`: see
+/// `POST /v1/sandboxes/delete` in docs/API.md) in one request; all are tried, the first failure is
+/// reported after the removed ones are listed.
+pub fn rm(socket: &Path, mut selection: Value, force: bool, json_out: bool) -> Result<()> {
+    selection["purge"] = json!(true);
+    selection["force"] = json!(force);
+    let (removed, failed) = delete(socket, selection)?;
+    let ids: Vec<&str> = removed.iter().filter_map(|s| s["id"].as_str()).collect();
+    match json_out {
+        true => println!("{}", json!({"removed": ids})),
+        false => ids.iter().for_each(|id| println!("{id}")),
     }
-    let q = if force {
-        "?purge=1&force=1"
-    } else {
-        "?purge=1"
-    };
-    let mut removed = Vec::new();
-    let mut first_err = None;
-    for id in &ids {
-        match c.call("DELETE", &format!("/v1/sandboxes/{id}{q}"), None) {
-            Ok(_) => removed.push(id.clone()),
-            Err(e) => {
-                eprintln!("strata: {id}: {e}");
-                first_err.get_or_insert(e);
-            }
-        }
+    failed.map_or(Ok(()), Err)
+}
+
+/// One batch delete: the sandboxes done, and the first failure (each failure is printed).
+fn delete(socket: &Path, body: Value) -> Result<(Vec<Value>, Option<anyhow::Error>)> {
+    let v = client(socket).call("POST", "/v1/sandboxes/delete", Some(&body))?;
+    let mut first = None;
+    for f in v["failed"].as_array().into_iter().flatten() {
+        let (id, message) = (f["id"].as_str().unwrap_or("?"), f["error"].as_str());
+        eprintln!("strata: {id}: {}", message.unwrap_or("failed"));
+        first.get_or_insert_with(|| {
+            let e = strata_fs::api::ClientError::Api {
+                status: 409,
+                kind: serde_json::from_value(f["kind"].clone())
+                    .unwrap_or(strata_fs::api::ErrorKind::Internal),
+                message: format!("{id}: {}", message.unwrap_or("failed")),
+            };
+            anyhow::Error::from(e)
+        });
     }
-    if json_out {
-        println!("{}", json!({"removed": removed}));
-    } else {
-        for id in &removed {
-            println!("{id}");
-        }
-    }
-    match first_err {
-        Some(e) => Err(e.into()),
-        None => Ok(()),
-    }
+    Ok((v["removed"].as_array().cloned().unwrap_or_default(), first))
 }
 
 /// `strata daemon ...`.
@@ -147,7 +134,7 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<24} {:<32} {:<8} {:>6} {:>12} {:>12}  ROOTFS (A VM: ITS SCRATCH DRIVE)",
+        "{:<24} {:<32} {:<8} {:>6} {:>12} {:>12}  ROOTFS (STOPPED: UPPER DIRECTORY; VM: SCRATCH DRIVE)",
         "SANDBOX", "IMAGE", "STATE", "LAYERS", "FETCHED", "IMAGE SIZE"
     );
     for s in sandboxes.as_array().into_iter().flatten() {
@@ -159,16 +146,19 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
             s["layers"].as_array().map_or(0, |l| l.len()),
             human(s["fetched_bytes"].as_u64().unwrap_or(0)),
             human(s["image_bytes"].as_u64().unwrap_or(0)),
-            match s["vm"]["scratch"].as_str() {
+            match (s["vm"]["scratch"].as_str(), s["state"].as_str()) {
                 // A microVM has no rootfs on the host: its scratch drive.
-                Some(scratch) => format!("(vm) {scratch}"),
-                None => s["rootfs"].as_str().unwrap_or("").to_string(),
+                (Some(scratch), _) => format!("(vm) {scratch}"),
+                // A stopped sandbox's rootfs is gone: what it keeps is its upper directory.
+                (None, Some("stopped")) => format!("(upper) {}", s["upper"].as_str().unwrap_or("")),
+                (None, _) => s["rootfs"].as_str().unwrap_or("").to_string(),
             }
         );
     }
     let cache = &status["cache"];
     println!(
-        "layers mounted: {}  cache: {} of {} ({} chunks)",
+        "fetched for no sandbox: {}  layers mounted: {}  cache: {} of {} ({} chunks)",
+        human(status["fetched_unattributed"].as_u64().unwrap_or(0)),
         status["layers"].as_array().map_or(0, |l| l.len()),
         human(cache["used"].as_u64().unwrap_or(0)),
         human(cache["capacity"].as_u64().unwrap_or(0)),
@@ -272,24 +262,19 @@ pub fn runtime_config(rootfs: &Path, p: &Process, hostname: &str) -> Value {
 }
 
 /// `strata bundle`: mounts a sandbox and writes `DIR/config.json` pointing at its rootfs, running the
-/// process stratad reports for it (the image's config, its user resolved in the image).
-pub fn bundle(socket: &Path, image: &str, id: &str, dir: &Path) -> Result<()> {
-    let v = client(socket).call(
-        "POST",
-        "/v1/sandboxes",
-        Some(&json!({"image": image, "id": id})),
-    )?;
+/// process stratad reports for it (the image's config, its user resolved in the image), its cmd
+/// replaced by `cmd` when given. A failure after the sandbox was created removes it again.
+pub fn bundle(socket: &Path, image: &str, id: &str, dir: &Path, cmd: &[String]) -> Result<()> {
+    let c = client(socket);
+    let (sandbox, v) = crate::run::Created::new(&c, image, id, false)?;
     let rootfs = PathBuf::from(v["rootfs"].as_str().unwrap_or_default());
-    let process: Process = match (&v["process"], v["process_error"].as_str()) {
-        (_, Some(e)) => anyhow::bail!("sandbox {id} of {image}: {e}"),
-        (p, None) => serde_json::from_value(p.clone())
-            .with_context(|| format!("stratad's answer for sandbox {id} has no process: {v}"))?,
-    };
+    let process = crate::run::process_of(&v, id, cmd)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let cfg = runtime_config(&rootfs, &process, id);
     let path = dir.join("config.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&cfg)?)
         .with_context(|| format!("writing {}", path.display()))?;
+    sandbox.hand_on();
     println!("{}", dir.display());
     Ok(())
 }

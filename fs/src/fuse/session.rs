@@ -91,16 +91,24 @@ pub struct Reply {
     /// The request's record in the journal, cleared once answered.
     slot: Option<usize>,
     sent: bool,
+    /// The process that made the request (in the pid namespace of whoever mounted the connection).
+    pid: u32,
 }
 
 impl Reply {
-    fn new(chan: &Arc<Channel>, unique: u64, slot: Option<usize>) -> Reply {
+    fn new(chan: &Arc<Channel>, unique: u64, slot: Option<usize>, pid: u32) -> Reply {
         Reply {
             chan: chan.clone(),
             unique,
             slot,
             sent: false,
+            pid,
         }
+    }
+
+    /// The process that made the request (0 when the kernel made it on no process's behalf).
+    pub fn pid(&self) -> u32 {
+        self.pid
     }
 
     /// Writes `parts` as the answer and frees the request's record.
@@ -327,7 +335,7 @@ impl<F: Filesystem> Worker<F> {
         if h.unique & proto::UNIQUE_RESEND != 0 {
             self.stats.resent.fetch_add(1, Ordering::Relaxed);
         }
-        let reply = Reply::new(&self.chan, h.unique, slot);
+        let reply = Reply::new(&self.chan, h.unique, slot, h.pid);
         let ino = h.nodeid;
         match h.opcode {
             op::INIT => self.init(req, reply),

@@ -35,6 +35,7 @@ mod backend;
 pub mod conformance;
 pub mod fault;
 mod frames;
+mod image_size;
 pub mod memory;
 pub mod object;
 pub mod spool;
