@@ -40,5 +40,6 @@ pub mod state;
 #[cfg(test)]
 mod testkit;
 pub mod treefs;
+pub mod trees;
 pub mod vm;
 pub mod warming;
