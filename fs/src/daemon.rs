@@ -46,6 +46,7 @@ use crate::metrics::Metrics;
 use crate::modes::{ModeError, ModeReport, ModeRequest, MountMode};
 use crate::mount::{self, MountError};
 use crate::state::{NodeState, StateError};
+use crate::trees::{Kept, Trees};
 use crate::warming::Warming;
 
 pub use crate::state::{Sandbox, SandboxState};
@@ -296,6 +297,8 @@ pub struct Daemon {
     pub(crate) loops: Loops,
     /// Where removed sandboxes' directories go to be deleted in the background.
     pub(crate) trash: crate::teardown::Trash,
+    /// `fuse` mode's tree connections, and where they are kept for successors.
+    pub(crate) trees: Trees,
 }
 
 pub(crate) fn valid_id(id: &str) -> bool {
@@ -361,6 +364,12 @@ impl Daemon {
     /// sandboxes as it left them), one its holder just mounted, or a new one ([`mount_fresh`]: detaches
     /// what a dead node left under the runtime directory first).
     pub fn start(config: Config, fuse: Fuse) -> Result<Arc<Daemon>, DaemonError> {
+        Daemon::start_kept(config, fuse, Kept::default())
+    }
+
+    /// [`Daemon::start`] with the descriptors a predecessor kept (`fuse` mode's tree connections) and
+    /// where to keep new ones ([`crate::trees`]).
+    pub fn start_kept(config: Config, fuse: Fuse, kept: Kept) -> Result<Arc<Daemon>, DaemonError> {
         let (chan, adopted) = match fuse {
             Fuse::Mount => (mount_fresh(&config)?, false),
             Fuse::Fresh(c) => (c, false),
@@ -430,6 +439,7 @@ impl Daemon {
             mode_report,
             loops: Loops::new(config_loop_dio),
             trash,
+            trees: Trees::new(kept),
         });
         // Every running sandbox's blobs are registered before the first request is read.
         d.restore()?;
@@ -450,6 +460,7 @@ impl Daemon {
         let session = Session::start(d.chan.clone(), Arc::new(fs), d.config.fuse_threads, opts)
             .map_err(|e| io(&d.config.runtime_dir, e))?;
         *d.fuse.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
+        d.adopt_trees();
         d.remount_held_layers();
         d.start_flushing();
         Ok(d)
@@ -504,7 +515,7 @@ impl Daemon {
             .collect();
         let target = self.config.runtime_dir.join("layers").join(d.hex());
         std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
-        self.mount_layer(&meta_path, &devices, &target)?;
+        self.mount_layer(d, &meta_path, &devices, &target)?;
         tracing::debug!(layer = %d, fetched_ms = fetched.as_millis() as u64,
             mounted_ms = started.elapsed().as_millis() as u64, "layer mounted");
         self.lock().layers.insert(
@@ -630,6 +641,7 @@ impl Daemon {
             if let Err(e) = mount::unmount(&p, true) {
                 tracing::warn!(error = %e, "releasing layer");
             }
+            self.trees.remove(d);
             let _ = std::fs::remove_dir(&p);
             self.trim_metadata();
         }
@@ -687,6 +699,7 @@ impl Daemon {
                 "replayed": st.replayed.load(std::sync::atomic::Ordering::Relaxed),
                 "journal": s.channel().journal().is_some(),
                 "initialized_here": st.initialized_here.load(std::sync::atomic::Ordering::Relaxed),
+                "trees": self.trees.status(),
             })
         });
         let running = st
@@ -760,6 +773,7 @@ impl Daemon {
     /// resent to the successor. The process should exit soon after.
     pub fn stop_serving(&self) {
         self.warming.stop();
+        self.trees.stop_all();
         if let Some(s) = self.fuse.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             s.stop();
         }
@@ -785,6 +799,7 @@ impl Daemon {
         for p in layers {
             let _ = mount::unmount(&p, true);
         }
+        self.trees.clear();
         if let Some(s) = self.fuse.lock().unwrap_or_else(|p| p.into_inner()).take() {
             s.stop();
             if let Err(e) = mount::unmount(&self.config.runtime_dir.join("fuse"), true) {

@@ -45,5 +45,6 @@ pub mod teardown;
 #[cfg(test)]
 mod testkit;
 pub mod treefs;
+pub mod trees;
 pub mod vm;
 pub mod warming;

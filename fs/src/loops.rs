@@ -18,6 +18,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use strata_registry::digest::Digest;
+
 use crate::daemon::{Daemon, DaemonError};
 use crate::loopdev::{self, LoopDev};
 use crate::modes::MountMode;
@@ -94,9 +96,11 @@ pub fn devices_under(dirs: &[PathBuf]) -> Vec<Bound> {
 
 impl Daemon {
     /// Mounts a layer's EROFS at `target` in this node's mode: its metadata file `meta` with the blob
-    /// files `blobs` as devices (`file`), or loop devices of them (`loop`).
+    /// files `blobs` as devices (`file`), or loop devices of them (`loop`); or its tree served over FUSE
+    /// (`fuse`), the connection kept for successors ([`crate::trees`]).
     pub(crate) fn mount_layer(
         &self,
+        layer: &Digest,
         meta: &Path,
         blobs: &[PathBuf],
         target: &Path,
@@ -127,18 +131,15 @@ impl Daemon {
             // The layer's whole tree served from its metadata by a FUSE server of its own, reading
             // through the same cache and fetcher. Its workers end when the mount goes (release).
             MountMode::Fuse => {
-                let opts = crate::treefs::TreeOptions {
-                    threads: self.config.fuse_threads.clamp(1, 4),
-                    allow_other: true,
-                };
-                crate::treefs::mount_layer(
+                let m = crate::treefs::mount_layer(
                     meta,
                     target,
                     self.table.clone(),
                     self.fetcher.clone(),
                     self.metrics.clone(),
-                    &opts,
+                    &self.tree_options(),
                 )?;
+                self.trees.add(*layer, m, true);
                 Ok(())
             }
         }

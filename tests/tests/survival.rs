@@ -241,41 +241,60 @@ impl FakeSystemd {
 
     /// Receives notifications until `READY=1`, keeping stored descriptors.
     fn wait_ready(&mut self) {
+        while self.receive(rustix::net::RecvFlags::empty()) != Some(true) {}
+    }
+
+    /// Applies the notifications already sent (the descriptors kept and removed since `READY=1`).
+    fn drain(&mut self) {
+        while self.receive(rustix::net::RecvFlags::DONTWAIT).is_some() {}
+    }
+
+    /// Receives one notification, keeping (`FDSTORE=1`) or closing (`FDSTOREREMOVE=1`) stored
+    /// descriptors; whether it said `READY=1` (`None`: nothing to receive without waiting).
+    fn receive(&mut self, flags: rustix::net::RecvFlags) -> Option<bool> {
         use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-        loop {
-            let mut buf = [0u8; 4096];
-            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
-            let mut control = RecvAncillaryBuffer::new(&mut space);
-            let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-            let r = recvmsg(&self.sock, &mut iov, &mut control, RecvFlags::empty())
-                .expect("notification");
-            let text = String::from_utf8_lossy(&buf[..r.bytes]).to_string();
-            let mut fds = Vec::new();
-            for m in control.drain() {
-                if let RecvAncillaryMessage::ScmRights(f) = m {
-                    fds.extend(f);
-                }
-            }
-            if text.contains("FDSTORE=1") {
-                let name = text
-                    .lines()
-                    .find_map(|l| l.strip_prefix("FDNAME="))
-                    .unwrap_or("stored")
-                    .to_string();
-                for fd in fds {
-                    self.store.push((name.clone(), fd));
-                }
-            }
-            if text.contains("READY=1") {
-                return;
+        let mut buf = [0u8; 4096];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        // Close-on-exec here: only the copies placed at 3, 4, ... reach the restarted stratad.
+        let r = match recvmsg(
+            &self.sock,
+            &mut iov,
+            &mut control,
+            flags | RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Err(rustix::io::Errno::AGAIN) => return None,
+            r => r.expect("notification"),
+        };
+        let text = String::from_utf8_lossy(&buf[..r.bytes]).to_string();
+        let mut fds = Vec::new();
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(f) = m {
+                fds.extend(f);
             }
         }
+        let name = text
+            .lines()
+            .find_map(|l| l.strip_prefix("FDNAME="))
+            .unwrap_or("stored")
+            .to_string();
+        if text.lines().any(|l| l == "FDSTORE=1") {
+            for fd in fds {
+                self.store.push((name.clone(), fd));
+            }
+        }
+        if text.lines().any(|l| l == "FDSTOREREMOVE=1") {
+            self.store.retain(|(n, _)| *n != name);
+        }
+        Some(text.contains("READY=1"))
     }
 
     /// Starts stratad as the unit would: the stored descriptors at 3, 4, ... named in LISTEN_FDNAMES,
     /// LISTEN_PID its own pid (a shell that execs stratad keeps its pid).
-    fn start(&self, d: &Daemon) -> std::process::Child {
+    fn start(&mut self, d: &Daemon) -> std::process::Child {
         use std::os::fd::AsRawFd;
+        self.drain();
         use std::os::unix::process::CommandExt;
         let raw: Vec<i32> = self.store.iter().map(|(_, fd)| fd.as_raw_fd()).collect();
         let names: Vec<&str> = self.store.iter().map(|(n, _)| n.as_str()).collect();
@@ -301,11 +320,11 @@ impl FakeSystemd {
         unsafe {
             c.pre_exec(move || {
                 // Out of the way first, so that placing one cannot overwrite another.
-                let mut high = [0i32; 8];
-                for (i, fd) in raw.iter().enumerate().take(8) {
-                    high[i] = libc::fcntl(*fd, libc::F_DUPFD, 100);
+                let mut high = [0i32; 32];
+                for (i, fd) in raw.iter().enumerate().take(32) {
+                    high[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 100);
                 }
-                for (i, fd) in high.iter().enumerate().take(raw.len().min(8)) {
+                for (i, fd) in high.iter().enumerate().take(raw.len().min(32)) {
                     if *fd < 0 || libc::dup2(*fd, 3 + i as i32) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
@@ -414,8 +433,15 @@ fn without_kernel_resend_a_successor_answers_from_the_journal() {
         d.wait_new_server(old);
         std::thread::sleep(Duration::from_millis(400));
         let status = json(&d.ok(&["daemon", "status"]));
-        assert_eq!(status["fuse"]["journal"], true, "{status}");
-        replayed += status["fuse"]["replayed"].as_u64().unwrap_or(0);
+        let fuse = &status["fuse"];
+        assert_eq!(fuse["journal"], true, "{status}");
+        // In `fuse` mode the readers' requests go to the layers' tree connections, each journaled.
+        assert_eq!(
+            fuse["trees"]["journals"], fuse["trees"]["connections"],
+            "{status}"
+        );
+        replayed += fuse["replayed"].as_u64().unwrap_or(0);
+        replayed += fuse["trees"]["replayed"].as_u64().unwrap_or(0);
         if replayed > 0 && round >= 2 {
             break;
         }
@@ -436,4 +462,81 @@ fn without_kernel_resend_a_successor_answers_from_the_journal() {
         "reads failed or returned wrong bytes"
     );
     assert!(replayed > 0, "no successor answered from the journal");
+}
+
+/// `/dev/fuse` descriptors and FUSE request journals process `pid` has open.
+fn fuse_fds(pid: u32) -> (usize, usize) {
+    let (mut fuse, mut journals) = (0, 0);
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd"));
+    for e in dir.into_iter().flatten().flatten() {
+        let target = std::fs::read_link(e.path()).unwrap_or_default();
+        let target = target.to_string_lossy();
+        if target == "/dev/fuse" {
+            fuse += 1;
+        } else if target.starts_with("/memfd:strata-fuse-journal") {
+            journals += 1;
+        }
+    }
+    (fuse, journals)
+}
+
+/// Waits up to 10 s for `f` to hold.
+fn eventually(what: &str, f: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// In `fuse` mode every layer is a FUSE connection of its own: the holder keeps each one (and its
+/// journal) beside the blob server's, every successor serves those very connections (no new
+/// descriptor per restart), and a released layer's connection is closed in the holder and the server.
+#[test]
+fn fuse_mode_tree_connections_are_kept_by_the_holder_and_closed_on_release() {
+    if !can_mount() {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let files = build_tree_image(&store, "tree:v1", 4);
+    let d = Daemon::start(&store, &["--mount-mode", "fuse"]);
+    let holder = d.holder_pid();
+    // The blob server's connection and journal.
+    assert_eq!(fuse_fds(holder), (1, 1));
+    assert_eq!(fuse_fds(d.server_pid()), (1, 1));
+    let r = PathBuf::from(d.ok(&["mount", "tree:v1", "--sandbox", "a"]));
+    let status = json(&d.ok(&["daemon", "status"]));
+    let layers = status["layers"].as_array().expect("layers").len();
+    assert!(layers > 0, "{status}");
+    assert_eq!(status["fuse"]["trees"]["connections"], layers, "{status}");
+    let want = (1 + layers, 1 + layers);
+    eventually("the holder keeps every tree connection", || {
+        fuse_fds(holder) == want
+    });
+    for _ in 0..3 {
+        let old = d.server_pid();
+        // SAFETY: killing the server this test's daemon started.
+        unsafe { libc::kill(old as i32, libc::SIGKILL) };
+        let new = d.wait_new_server(old);
+        assert_eq!(
+            fuse_fds(new),
+            want,
+            "the successor serves the kept connections"
+        );
+        assert_eq!(fuse_fds(holder), want, "no descriptor gained or lost");
+        drop_caches();
+        for (name, data) in &files {
+            assert!(std::fs::read(r.join("data").join(name)).expect("read") == *data);
+        }
+    }
+    let status = json(&d.ok(&["daemon", "status"]));
+    assert_eq!(status["holder"]["kept"], 2 * layers, "{status}");
+    d.ok(&["umount", "--sandbox", "a"]);
+    eventually("the holder closes released connections", || {
+        fuse_fds(holder) == (1, 1)
+    });
+    eventually("the server closes released connections", || {
+        fuse_fds(d.server_pid()) == (1, 1)
+    });
 }

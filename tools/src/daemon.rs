@@ -25,6 +25,7 @@ use strata_fs::fuse::journal::Journal;
 use strata_fs::fuse::Channel;
 use strata_fs::modes::ModeRequest;
 use strata_fs::size::parse_size;
+use strata_fs::trees::Kept;
 
 use crate::{holder, signals, systemd};
 
@@ -314,7 +315,13 @@ fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
         true => Fuse::Fresh(chan),
         false => Fuse::Adopt(chan),
     };
-    let daemon = Daemon::start(config.clone(), fuse).context("starting stratad")?;
+    let kept = Kept {
+        fds: inh.kept,
+        keeper: inh
+            .store
+            .map(|s| Box::new(systemd::Keeper::Holder(s)) as Box<dyn strata_fs::trees::Keeper>),
+    };
+    let daemon = Daemon::start_kept(config.clone(), fuse, kept).context("starting stratad")?;
     let holder = inh.holder;
     let runtime_dir = config.runtime_dir.clone();
     let hooks = Hooks {
@@ -395,7 +402,12 @@ fn serve_for_systemd(config: Config) -> Result<()> {
             l
         }
     };
-    let daemon = Daemon::start(config, chan).context("starting stratad")?;
+    // What is left in the store: `fuse` mode's tree connections (strata_fs::trees).
+    let kept = Kept {
+        fds,
+        keeper: Some(Box::new(systemd::Keeper::Systemd)),
+    };
+    let daemon = Daemon::start_kept(config, chan, kept).context("starting stratad")?;
     let d2 = daemon.clone();
     let hooks = Hooks {
         upgrade: Some(Box::new(move || {

@@ -60,9 +60,31 @@ fn a_full_journal_serves_unrecorded_and_a_wrong_sized_one_is_refused() {
         assert!(j.record(u, b"x").is_some());
     }
     assert_eq!(j.record(SLOTS as u64 + 1, b"x"), None);
-    let fd = rustix::fs::memfd_create("small", MemfdFlags::CLOEXEC).expect("memfd");
-    rustix::fs::ftruncate(&fd, 4096).expect("truncate");
-    assert!(Journal::from_fd(fd).is_err());
+    for size in [
+        0,
+        4000,
+        (AREAS * AREA) as u64,
+        (SIZE + AREAS * AREA + SLOT) as u64,
+    ] {
+        let fd = rustix::fs::memfd_create("odd", MemfdFlags::CLOEXEC).expect("memfd");
+        rustix::fs::ftruncate(&fd, size).expect("truncate");
+        assert!(Journal::from_fd(fd).is_err(), "{size} bytes taken");
+    }
+}
+
+#[test]
+fn a_tree_journal_is_smaller_and_its_successor_knows_its_size() {
+    let j = Journal::create_with(TREE_SLOTS).expect("journal");
+    for u in 1..=TREE_SLOTS as u64 {
+        assert!(j.record(u, &u.to_le_bytes()).is_some());
+    }
+    assert_eq!(j.record(TREE_SLOTS as u64 + 1, b"x"), None);
+    j.clear(7);
+    let s = successor(&j);
+    assert_eq!(s.slots(), TREE_SLOTS);
+    let left = s.leftovers();
+    assert_eq!(left.len(), TREE_SLOTS - 1);
+    assert!(left.iter().all(|l| l.bytes == l.unique.to_le_bytes()));
 }
 
 #[test]
@@ -121,4 +143,43 @@ proptest! {
             .collect();
         prop_assert_eq!(got, model);
     }
+}
+
+#[test]
+fn a_request_read_into_an_area_but_not_recorded_is_left_over_once() {
+    let j = Journal::create_with(TREE_SLOTS).expect("journal");
+    let request = |unique: u64| {
+        let mut r = vec![0u8; 64];
+        r[..4].copy_from_slice(&64u32.to_le_bytes());
+        r[8..16].copy_from_slice(&unique.to_le_bytes());
+        r
+    };
+    // Worker 0 read request 41 and died before recording it; worker 1 read 42 and recorded it.
+    j.area(0).expect("area").arm()[..64].copy_from_slice(&request(41));
+    j.area(1).expect("area").arm()[..64].copy_from_slice(&request(42));
+    j.record(42, &request(42)).expect("recorded");
+    // Worker 2 armed its area and was waiting in read().
+    j.area(2).expect("area").arm();
+    assert!(j.area(AREAS).is_none());
+    let s = successor(&j);
+    let mut left = s.leftovers();
+    left.sort_by_key(|l| l.unique);
+    let got: Vec<(u64, bool)> = left
+        .iter()
+        .map(|l| (l.unique, l.bytes == request(l.unique)))
+        .collect();
+    assert_eq!(got, [(41, true), (42, true)]);
+    // 41 now has a slot of its own: a successor of the successor finds it there.
+    assert!(left[0].slot < TREE_SLOTS);
+    let again = successor(&s).leftovers();
+    assert_eq!(again.len(), 2);
+}
+
+#[test]
+fn an_older_servers_journal_has_slots_only() {
+    let fd = rustix::fs::memfd_create("old", MemfdFlags::CLOEXEC).expect("memfd");
+    rustix::fs::ftruncate(&fd, SIZE as u64).expect("truncate");
+    let j = Journal::from_fd(fd).expect("old journal");
+    assert_eq!(j.slots(), SLOTS);
+    assert!(j.area(0).is_none());
 }

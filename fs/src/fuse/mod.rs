@@ -22,7 +22,8 @@
 //! Replies can be written from any thread, at any time after the request was read ([`session::Reply`]):
 //! a read waiting on the network holds no worker thread. This module owns the wire format ([`proto`]),
 //! the descriptor and the mount ([`Channel`]), and the request loop ([`session`]); what the files are is
-//! the [`session::Filesystem`] implementation's business (`crate::blobfs`).
+//! the [`session::Filesystem`] implementation's business (`crate::blobfs`, and in `fuse` mount mode
+//! `crate::treefs`, whose per-layer connections survive the same way: `crate::trees`).
 
 pub mod journal;
 pub mod proto;
@@ -76,23 +77,30 @@ impl Channel {
         let flags =
             MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID | MountFlags::NOEXEC;
         let chan = Self::mount_with(target, flags, allow_other, allow_other)?;
-        match journal::Journal::create() {
-            Ok(j) => Ok(chan.with_journal(j)),
+        Ok(chan.with_new_journal(journal::SLOTS))
+    }
+
+    /// The connection with a new request journal of `slots` slots; without one (logged) if the memfd
+    /// cannot be made.
+    fn with_new_journal(self, slots: usize) -> Channel {
+        match journal::Journal::create_with(slots) {
+            Ok(j) => self.with_journal(j),
             Err(e) => {
                 tracing::warn!(error = %e, "no FUSE request journal: a dead server's reads are lost on kernels without FUSE_NOTIFY_RESEND");
-                Ok(chan)
+                self
             }
         }
     }
 
     /// Opens a new connection for a layer's whole tree (`crate::treefs`) and mounts it read-only at
     /// `target`: `nodev` and `nosuid` like every image mount (`crate::mount`), but programs may run, and
-    /// the kernel checks the served modes and owners (`default_permissions`) for every caller. No
-    /// request journal: nothing holds these connections for a successor yet (docs/DAEMON.md, fuse mode),
-    /// so recording their requests would be work no one reads.
+    /// the kernel checks the served modes and owners (`default_permissions`) for every caller. Like
+    /// the blob server's, the connection outlives its server (its descriptor and journal are kept by
+    /// the holder: `crate::trees`), with a smaller journal ([`journal::TREE_SLOTS`]): one per layer.
     pub fn mount_tree(target: &Path, allow_other: bool) -> io::Result<Channel> {
         let flags = MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID;
-        Self::mount_with(target, flags, allow_other, true)
+        let chan = Self::mount_with(target, flags, allow_other, true)?;
+        Ok(chan.with_new_journal(journal::TREE_SLOTS))
     }
 
     fn mount_with(

@@ -205,7 +205,7 @@ impl Session {
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("strata-fuse-{i}"))
-                    .spawn(move || w.run())?,
+                    .spawn(move || w.run(i))?,
             );
         }
         if worker.opts.adopt {
@@ -263,10 +263,21 @@ fn unanswered(opcode: u32) -> bool {
 }
 
 impl<F: Filesystem> Worker<F> {
-    fn run(self) {
-        let mut buf = vec![0u8; REQUEST_BUFFER];
+    /// Worker `index`'s loop: reads into its area of the journal where there is one (see
+    /// [`crate::fuse::journal`]: a request read is then in the journal even if this process dies
+    /// before recording it), else into a buffer of its own.
+    fn run(self, index: usize) {
+        let area = self.chan.journal().and_then(|j| j.area(index));
+        let mut own = Vec::new();
         loop {
-            let n = match self.chan.receive(&mut buf) {
+            let buf: &mut [u8] = match &area {
+                Some(a) => a.arm(),
+                None => {
+                    own.resize(REQUEST_BUFFER, 0);
+                    &mut own
+                }
+            };
+            let n = match self.chan.receive(buf) {
                 Ok(Received::Request(0)) | Ok(Received::Gone) => return,
                 Ok(Received::Request(n)) => n,
                 Ok(Received::Retry) => continue,
@@ -316,6 +327,12 @@ impl<F: Filesystem> Worker<F> {
                         Ok(req) if req.header.unique == l.unique => {
                             w.stats.replayed.fetch_add(1, Ordering::Relaxed);
                             w.dispatch(&req, Some(l.slot));
+                            if unanswered(req.header.opcode) {
+                                // Found in a read area: nothing answers it, nothing clears its slot.
+                                if let Some(j) = w.chan.journal() {
+                                    j.clear(l.slot);
+                                }
+                            }
                         }
                         _ => {
                             tracing::warn!(unique = l.unique, "damaged journal record: dropped");

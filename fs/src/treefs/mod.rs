@@ -47,7 +47,7 @@ use strata_registry::digest::Digest;
 use crate::blobfs::{tree_errno, BlobTable, View, READS_PER_BLOB};
 use crate::fetch::{BlobHandle, FetchError, Fetcher};
 use crate::fuse::proto::{self, Attr};
-use crate::fuse::session::{Filesystem, Options, Reply, Session};
+use crate::fuse::session::{Filesystem, Options, Reply, Session, Stats};
 use crate::fuse::Channel;
 use crate::metrics::Metrics;
 use crate::mount::MountError;
@@ -325,12 +325,37 @@ impl TreeMount {
         self.session.channel()
     }
 
+    /// The session's counters (requests, resent, replayed from the journal).
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.session.stats
+    }
+
+    /// Stops answering: requests read from now on stay for a successor (a handover).
+    pub fn stop(&self) {
+        self.session.stop();
+    }
+
     /// Unmounts the tree (`lazy`: detach now, even if busy) and waits for the workers.
     pub fn unmount(self, lazy: bool) -> Result<(), TreeError> {
         crate::mount::unmount(&self.target, lazy)?;
         self.session.join();
         Ok(())
     }
+}
+
+/// The tree server of the layer whose EROFS metadata is the file `meta`, reading data from the blobs
+/// in `table` through `fetcher`.
+pub fn load(
+    meta: &Path,
+    table: Arc<BlobTable>,
+    fetcher: Arc<Fetcher>,
+    metrics: Arc<Metrics>,
+) -> Result<TreeFs, TreeError> {
+    let bytes = std::fs::read(meta).map_err(|source| TreeError::Io {
+        path: meta.to_path_buf(),
+        source,
+    })?;
+    TreeFs::new(ErofsImage::parse(bytes)?, table, fetcher, metrics)
 }
 
 /// Mounts the tree of the layer whose EROFS metadata is the file `meta` at `target` (an existing
@@ -344,31 +369,31 @@ pub fn mount_layer(
     metrics: Arc<Metrics>,
     opts: &TreeOptions,
 ) -> Result<TreeMount, TreeError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| TreeError::Io { path, source }
-    };
-    let bytes = std::fs::read(meta).map_err(io(meta))?;
-    let fs = TreeFs::new(ErofsImage::parse(bytes)?, table, fetcher, metrics)?;
-    let chan = Arc::new(Channel::mount_tree(target, opts.allow_other).map_err(io(target))?);
-    serve(chan, fs, target, opts)
+    let fs = load(meta, table, fetcher, metrics)?;
+    let chan = Channel::mount_tree(target, opts.allow_other).map_err(|source| TreeError::Io {
+        path: target.to_path_buf(),
+        source,
+    })?;
+    serve(Arc::new(chan), fs, target, opts, Options::default())
 }
 
-/// Serves `fs` on an open connection mounted at `target` (a new mount, or one a holder kept across a
-/// server's death: node ids and directory offsets are the image's, so a successor answers alike).
+/// Serves `fs` on an open connection mounted at `target`: a new mount, or one a holder kept across a
+/// server's death (`session` with [`Options::adopt`]: what the dead server left unanswered is resent by
+/// the kernel or answered from the connection's journal). Node ids and directory offsets are the
+/// image's, so a successor answers alike.
 pub fn serve(
     chan: Arc<Channel>,
     fs: TreeFs,
     target: &Path,
     opts: &TreeOptions,
+    session: Options,
 ) -> Result<TreeMount, TreeError> {
-    let session =
-        Session::start(chan, Arc::new(fs), opts.threads, Options::default()).map_err(|source| {
-            TreeError::Io {
-                path: target.to_path_buf(),
-                source,
-            }
-        })?;
+    let session = Session::start(chan, Arc::new(fs), opts.threads, session).map_err(|source| {
+        TreeError::Io {
+            path: target.to_path_buf(),
+            source,
+        }
+    })?;
     Ok(TreeMount {
         session,
         target: target.to_path_buf(),

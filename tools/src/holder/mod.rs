@@ -21,6 +21,11 @@
 //!   not answer within [`UPGRADE_READY`], it is killed and the last working binary is started again;
 //! - servers that keep dying are restarted with a growing pause (up to 5 s), for ever.
 //!
+//! **Descriptors servers keep.** In `fuse` mount mode every layer is a FUSE connection of its own,
+//! mounted by a server: the server hands each one (and its journal) to the holder's descriptor store
+//! ([`store`]: systemd's `FDSTORE` protocol on a socket pair the holder gives each server) and every
+//! later server inherits them all, named, beside the blob connection.
+//!
 //! Every outcome goes to the log and to [`report`] (`holder` in `GET /v1/status`). The holder links no
 //! store, cache or FUSE code paths of its own beyond the initial mount: the less it does, the less there
 //! is to crash or to need an upgrade.
@@ -41,14 +46,18 @@ use crate::signals;
 pub mod locks;
 pub mod report;
 pub mod server;
+pub mod store;
 
 use report::{Report, Upgrade};
 use server::{Binary, StartError};
+use store::FdStore;
 
 /// The environment variable that hands a server its inherited descriptors:
-/// `fuse=N,api=N,lock=N,rlock=N,journal=N,holder=PID[,fresh=1]` (`fresh`: the first server on a
+/// `fuse=N,api=N,lock=N,rlock=N,journal=N,store=N,holder=PID[,fresh=1]` (`fresh`: the first server on a
 /// connection just mounted; `lock`, `rlock`: the state and runtime directories' locks; `journal`: the
-/// connection's request journal, `strata_fs::fuse::journal`).
+/// connection's request journal, `strata_fs::fuse::journal`; `store`: the server's socket to the
+/// holder's descriptor store, [`store`]). The kept descriptors themselves are named in
+/// [`store::KEPT_ENV`].
 pub const ENV: &str = "STRATAD_SERVE";
 
 /// How long a new binary has to answer on the control socket after an upgrade before the holder gives
@@ -69,6 +78,10 @@ pub struct Inherited {
     pub rlock: Option<OwnedFd>,
     /// The connection's request journal (absent when started by an older holder).
     pub journal: Option<OwnedFd>,
+    /// The socket to the holder's descriptor store (absent when started by an older holder).
+    pub store: Option<OwnedFd>,
+    /// Descriptors kept by earlier servers, with their names.
+    pub kept: Vec<(String, OwnedFd)>,
     pub holder: u32,
     /// The holder mounted the connection for this server: nobody served it before.
     pub fresh: bool,
@@ -87,8 +100,13 @@ pub fn take_inherited() -> Result<Option<Inherited>> {
     };
     let get = |k: &str| find(k).with_context(|| format!("{ENV}={spec:?}: no {k}"));
     let (fuse, api, lock, holder) = (get("fuse")?, get("api")?, get("lock")?, get("holder")?);
-    let (rlock, journal) = (find("rlock"), find("journal"));
-    for fd in [fuse, api, lock].into_iter().chain(rlock).chain(journal) {
+    let (rlock, journal, store) = (find("rlock"), find("journal"), find("store"));
+    for fd in [fuse, api, lock]
+        .into_iter()
+        .chain(rlock)
+        .chain(journal)
+        .chain(store)
+    {
         if fd < 3 {
             bail!("{ENV}={spec:?}: descriptor {fd} is not an inherited one");
         }
@@ -102,6 +120,8 @@ pub fn take_inherited() -> Result<Option<Inherited>> {
         lock: own(lock),
         rlock: rlock.map(own),
         journal: journal.map(own),
+        store: store.map(own),
+        kept: store::take_kept()?,
         holder: holder as u32,
         fresh: spec.split(',').any(|kv| kv == "fresh=1"),
     };
@@ -109,6 +129,7 @@ pub fn take_inherited() -> Result<Option<Inherited>> {
         .into_iter()
         .chain(&inh.rlock)
         .chain(&inh.journal)
+        .chain(&inh.store)
     {
         fcntl_setfd(fd, FdFlags::CLOEXEC)?;
     }
@@ -144,17 +165,27 @@ struct Holder {
     good: Binary,
     report: Report,
     server: Option<Child>,
+    /// Descriptors servers keep for their successors.
+    store: FdStore,
 }
 
 impl Holder {
     fn publish(&mut self) {
         self.report.server_pid = self.server.as_ref().map(Child::id);
+        self.report.kept = self.store.len();
         self.report.publish(&self.runtime_dir);
     }
 
     /// Starts a server from `bin`, waiting up to `limit` for it to answer; kills it if it does not.
     fn start(&mut self, bin: &Binary, limit: Option<Duration>) -> Result<(), StartError> {
-        let mut child = bin.spawn(&self.args, &self.env)?;
+        // Every message of the previous server applied first: what it kept goes to this one.
+        self.store.settle();
+        let sock = self.store.connect().map_err(StartError::Store)?;
+        let env = format!("{},store={}", self.env, sock.as_raw_fd());
+        let spawned = bin.spawn(&self.args, &env, &self.store.env());
+        // The server's copy only: end of file on the holder's end once the server is gone.
+        drop(sock);
+        let mut child = spawned?;
         match server::wait_ready(&mut child, &self.socket, limit) {
             Ok(()) => {
                 self.server = Some(child);
@@ -303,6 +334,7 @@ pub fn hold(config: &Config, args: Vec<OsString>) -> Result<()> {
             ..Report::default()
         },
         server: None,
+        store: FdStore::default(),
     };
     h.report.exe = h.exe.clone();
     // The first server: one that cannot start (a bad configuration, an unreachable store URL) ends the

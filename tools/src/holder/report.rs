@@ -47,6 +47,9 @@ pub struct Report {
     pub last_failure: Option<Failure>,
     /// Servers that exited or failed to start since the holder started.
     pub failures: u64,
+    /// Descriptors kept for the servers (`fuse` mode: two per mounted layer), as of the last start.
+    #[serde(default)]
+    pub kept: usize,
 }
 
 pub fn now() -> u64 {

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::store::KEPT_ENV;
 use super::ENV;
 
 /// Why a server could not be started or did not come up.
@@ -40,6 +41,8 @@ pub enum StartError {
     Exited { status: std::process::ExitStatus },
     #[error("the new server did not answer within {0:?}")]
     Silent(Duration),
+    #[error("the descriptor store's socket for the new server: {0}")]
+    Store(#[source] std::io::Error),
 }
 
 /// A stratad binary held open: what a server is started from.
@@ -92,6 +95,7 @@ impl Binary {
             .command()
             .arg("--version")
             .env_remove(ENV)
+            .env_remove(KEPT_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -129,11 +133,18 @@ impl Binary {
         }
     }
 
-    /// Starts a server from this binary with `args` and the inherited-descriptor spec `env`.
-    pub fn spawn(&self, args: &[std::ffi::OsString], env: &str) -> Result<Child, StartError> {
+    /// Starts a server from this binary with `args`, the inherited-descriptor spec `env` and the kept
+    /// descriptors `kept` ([`KEPT_ENV`]).
+    pub fn spawn(
+        &self,
+        args: &[std::ffi::OsString],
+        env: &str,
+        kept: &str,
+    ) -> Result<Child, StartError> {
         self.command()
             .args(args)
             .env(ENV, env)
+            .env(KEPT_ENV, kept)
             .spawn()
             .map_err(|e| self.exec_error(e))
     }
