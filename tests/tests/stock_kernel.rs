@@ -7,8 +7,10 @@
 //! empty files; an upper layer with whiteouts and an opaque directory) must list and read identical to
 //! the tree it stands for (the `treelist` program run on both sides); reads of the whole tree must
 //! go on without error or hang while the server is killed with SIGKILL; `fuse` mode forced must do the
-//! same (reported as not built while it is not). The guest's cold-read figures (loop, fuse, kernel EROFS
-//! on a materialized copy) are printed.
+//! same (its per-layer connections kept by the holder, requests a killed server left answered from their
+//! journals); and what `scripts/demo` does — a busybox root built, mounted, a command run in it (chroot:
+//! the guest's initramfs root refuses bwrap's pivot_root) — must work.
+//! The guest's cold-read figures (loop, fuse, kernel EROFS on a materialized copy) are printed.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
