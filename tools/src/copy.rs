@@ -246,6 +246,10 @@ impl Copier<'_> {
         let desc = self.src.get_layer(d)?;
         if let Some(held) = self.dst.stored_layer(d)? {
             self.held(d, &held)?;
+            // Its blobs' index segments too: sent if the destination lacks them, else skipped.
+            for b in &held.blobs {
+                self.segment(&b.digest)?;
+            }
         } else {
             for b in &desc.blobs {
                 self.blob(&b.digest)?;
