@@ -55,7 +55,11 @@ fn sandboxes_share_layers_and_run_bwrap_and_runc() {
     assert_eq!(layers.len(), 1);
     assert_eq!(layers[0]["refs"].as_u64(), Some(2));
     assert!(ps["status"]["cache"]["used"].as_u64().expect("used") > 0);
-    assert!(sb1["fetched_bytes"].as_u64().expect("fetched") > 0);
+    // Charged to sb1 where the reader is known (file mode); in loop and fuse modes the misses are
+    // the node's unattributed fetches (docs/API.md, fetched_unattributed).
+    let charged = sb1["fetched_bytes"].as_u64().expect("fetched");
+    let unattributed = ps["status"]["fetched_unattributed"].as_u64().unwrap_or(0);
+    assert!(charged + unattributed > 0, "nothing fetched");
 
     // runc from a bundle.
     let bdir = scratch("bundle");
