@@ -58,6 +58,8 @@ pub mod init {
 
 /// `FOPEN_KEEP_CACHE`: the kernel may keep the file's pages across opens.
 pub const FOPEN_KEEP_CACHE: u32 = 1 << 1;
+/// `FOPEN_NOFLUSH` (Linux 5.16+): a `close` of the file sends no `FLUSH`.
+pub const FOPEN_NOFLUSH: u32 = 1 << 5;
 /// `FUSE_NOTIFY_RESEND`: the kernel moves every request a server read but did not answer back to its
 /// pending queue, to be read again.
 pub const NOTIFY_RESEND: i32 = 7;

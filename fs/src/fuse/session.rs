@@ -8,6 +8,12 @@
 //! [`Session::stop`] leaves it unanswered and recorded. A session that *adopts* a connection
 //! ([`Options::adopt`]) asks the kernel to resend what its predecessor left (Linux 6.9+) and frees those
 //! records, or, where the kernel cannot, answers them itself from the records.
+//!
+//! Both filesystems served here are read-only, so a `close(2)` must never wait for a server: every
+//! open is answered with `FOPEN_NOFLUSH` and a `FLUSH` (kernels before 5.16) with `ENOSYS`, after
+//! which the kernel sends none on that connection. Without this a process closing a file of a `fuse`
+//! mode tree (or running `execve`, which closes inherited descriptors) while the server restarts would
+//! wait for the successor — found when a restarting server's own fork child waited on a dead one.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -396,7 +402,7 @@ impl<F: Filesystem> Worker<F> {
                     Ok(open_flags) => {
                         let o = proto::OpenOut {
                             fh: 0,
-                            open_flags,
+                            open_flags: open_flags | proto::FOPEN_NOFLUSH,
                             backing_id: 0,
                         };
                         reply.data(&[o.as_bytes()]);
@@ -414,7 +420,10 @@ impl<F: Filesystem> Worker<F> {
                 Err(e) => reply.error(e),
             },
             op::GETXATTR | op::LISTXATTR => self.xattr(req, reply),
-            op::RELEASE | op::RELEASEDIR | op::FLUSH | op::ACCESS | op::DESTROY => reply.data(&[]),
+            // Nothing is ever written: no `close` needs the server. `ENOSYS` to a `FLUSH` (kernels
+            // before `FOPEN_NOFLUSH`) makes the kernel send no more on this connection.
+            op::FLUSH => reply.error(Errno::NOSYS),
+            op::RELEASE | op::RELEASEDIR | op::ACCESS | op::DESTROY => reply.data(&[]),
             op::STATFS => {
                 let s = proto::StatfsOut {
                     bsize: 4096,
