@@ -1,12 +1,15 @@
 //! Reading a file of the tree: its bytes cut into pieces — zeros (holes), bytes of the image (inline
 //! and flat files, device 0 chunks) and ranges of blob views — answered on the FUSE worker when every
 //! blob range is cached, else on the slow-read scheduler (see [`crate::blobfs`] for the same split).
+//! A slow read runs as its reader ([`with_reader`]): in `fuse` mode the request's pid is the process
+//! in the sandbox, so its misses are charged to that sandbox as in `file` mode.
 
 use std::sync::Arc;
 
 use strata_erofs::{Inode, Layout};
 
 use super::{TreeError, TreeFs};
+use crate::attribution::with_reader;
 use crate::blobfs::{tree_errno, View};
 use crate::fetch::{BlobHandle, FetchError};
 use crate::fuse::session::Reply;
@@ -67,6 +70,7 @@ impl TreeFs {
             return reply.data(&[&buf]);
         };
         let rest = Rest {
+            reader: reply.pid(),
             view: self.view.clone(),
             metrics: self.metrics.clone(),
             pieces,
@@ -154,6 +158,8 @@ impl TreeFs {
 /// What a slow read goes on with: the pieces from `from` (of which `done` bytes are read), the
 /// buffer and where piece `from` starts in it.
 struct Rest {
+    /// The process that read: its misses are charged to its sandbox ([`crate::attribution`]).
+    reader: u32,
     view: Arc<View>,
     metrics: Arc<Metrics>,
     pieces: Vec<Piece>,
@@ -164,7 +170,12 @@ struct Rest {
 }
 
 impl Rest {
-    fn finish(mut self) -> Result<Vec<u8>, SlowError> {
+    fn finish(self) -> Result<Vec<u8>, SlowError> {
+        let reader = self.reader;
+        with_reader(reader, || self.read_rest())
+    }
+
+    fn read_rest(mut self) -> Result<Vec<u8>, SlowError> {
         let mut pos = self.pos;
         for (k, piece) in self.pieces.iter().enumerate().skip(self.from) {
             match piece {
