@@ -261,9 +261,15 @@ pub fn mount_points(under: &Path) -> Vec<PathBuf> {
 pub type RootKey = (u64, u64);
 
 /// The device and inode of directory `dir` (following symlinks, as `/proc/PID/root` is followed).
+///
+/// `statx` with `AT_STATX_DONT_SYNC`: a device and an inode number are known without asking the
+/// filesystem, so a process whose root is on a FUSE or network filesystem that does not answer (a
+/// dead server, a hung NFS mount) cannot make a `/proc` scan — or a FUSE worker charging a miss —
+/// wait for it. The result equals `stat`'s (`st_dev`, `st_ino`).
 pub fn root_key(dir: &Path) -> Option<RootKey> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(dir).ok().map(|m| (m.dev(), m.ino()))
+    use rustix::fs::{makedev, statx, AtFlags, StatxFlags, CWD};
+    let sx = statx(CWD, dir, AtFlags::STATX_DONT_SYNC, StatxFlags::INO).ok()?;
+    Some((makedev(sx.stx_dev_major, sx.stx_dev_minor), sx.stx_ino))
 }
 
 /// The root directory of process `pid` (as seen from this process), if it can be told.
@@ -380,6 +386,17 @@ mod tests {
             fetched_bytes: 0,
             root: None,
         }
+    }
+
+    #[test]
+    fn root_keys_are_stats_device_and_inode() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        for p in [Path::new("/"), dir.path(), Path::new("/proc/self/root")] {
+            let m = std::fs::metadata(p).expect("stat");
+            assert_eq!(root_key(p), Some((m.dev(), m.ino())), "{}", p.display());
+        }
+        assert_eq!(root_key(&dir.path().join("missing")), None);
     }
 
     #[test]
