@@ -8,8 +8,9 @@
 //! the tree it stands for (the `treelist` program run on both sides); reads of the whole tree must
 //! go on without error or hang while the server is killed with SIGKILL; `fuse` mode forced must do the
 //! same (its per-layer connections kept by the holder, requests a killed server left answered from their
-//! journals); and what `scripts/demo` does — a busybox root built, mounted, a command run in it (chroot:
-//! the guest's initramfs root refuses bwrap's pivot_root) — must work.
+//! journals); and what `scripts/demo` does — a busybox root built, mounted, and its bubblewrap line run
+//! in it (the init first moves the guest from its initramfs to a tmpfs root, which pivot_root accepts)
+//! — must work.
 //! The guest's cold-read figures (loop, fuse, kernel EROFS on a materialized copy) are printed.
 
 use std::os::unix::fs::MetadataExt;
@@ -27,7 +28,7 @@ const UPPER_MTIME: i64 = 1_700_000_000;
 
 /// The stock kernel and this tier's initramfs, or `None` when the test must skip.
 fn stock_guest() -> Option<(PathBuf, PathBuf)> {
-    if !have(&[Need::Mount, Need::Qemu]) {
+    if !have(&[Need::Mount, Need::Qemu, Need::Bwrap]) {
         return None;
     }
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -196,6 +197,8 @@ fn data_tree(work: &Path, data: &Path) {
     install_binary(&stratad_bin(), &bin, "stratad", &lib);
     install_binary(&strata_bin(), &bin, "strata", &lib);
     install_binary(treelist, &bin, "treelist", &lib);
+    // scripts/demo runs its command with bubblewrap; so does the guest.
+    install_binary(Path::new("/usr/bin/bwrap"), &bin, "bwrap", &lib);
     let listing = run(Command::new(treelist).arg(&expected));
     std::fs::write(data.join("expected.txt"), listing).expect("listing");
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
