@@ -19,7 +19,7 @@
 //! file: its bytes are in `prefetch` of the status, per image.
 //!
 //! The counters live in memory, keyed by root; the daemon folds a sandbox's count into its record
-//! ([`crate::state::Sandbox::fetched_bytes`]) when the sandbox stops, before an upgrade or restart hands
+//! (`Sandbox::fetched_bytes`, in [`crate::control`]) when the sandbox stops, before an upgrade or restart hands
 //! the node on, and every few seconds, so the figure survives a successor and a restart.
 
 use std::cell::Cell;
@@ -27,7 +27,25 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::state::{process_root, RootKey};
+/// A directory's device and inode: what identifies a rootfs as some process's root.
+pub type RootKey = (u64, u64);
+
+/// The device and inode of directory `dir` (following symlinks, as `/proc/PID/root` is followed).
+///
+/// `statx` with `AT_STATX_DONT_SYNC`: a device and an inode number are known without asking the
+/// filesystem, so a process whose root is on a FUSE or network filesystem that does not answer (a
+/// dead server, a hung NFS mount) cannot make a `/proc` scan — or a FUSE worker charging a miss —
+/// wait for it. The result equals `stat`'s (`st_dev`, `st_ino`).
+pub fn root_key(dir: &std::path::Path) -> Option<RootKey> {
+    use rustix::fs::{makedev, statx, AtFlags, StatxFlags, CWD};
+    let sx = statx(CWD, dir, AtFlags::STATX_DONT_SYNC, StatxFlags::INO).ok()?;
+    Some((makedev(sx.stx_dev_major, sx.stx_dev_minor), sx.stx_ino))
+}
+
+/// The root directory of process `pid` (as seen from this process), if it can be told.
+pub fn process_root(pid: u32) -> Option<RootKey> {
+    root_key(std::path::Path::new(&format!("/proc/{pid}/root")))
+}
 
 thread_local! {
     static READER: Cell<u32> = const { Cell::new(0) };
@@ -86,6 +104,23 @@ impl Attribution {
         self.map().remove(&root).unwrap_or(0)
     }
 
+    /// Whether anything was charged since the last call (the control plane's flush skips writing
+    /// records when nothing was).
+    pub fn changed_since_last_look(&self) -> bool {
+        let seen = self.changes.load(Ordering::Relaxed);
+        seen != self.flushed.swap(seen, Ordering::Relaxed)
+    }
+
+    /// This process handed the node on: its records are a successor's now.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`Attribution::retire`] was called.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
+    }
+
     /// Bytes charged to no root `is_sandbox` accepts, and to unreadable roots.
     pub fn unattributed(&self, is_sandbox: impl Fn(&RootKey) -> bool) -> u64 {
         let other: u64 = self
@@ -98,102 +133,24 @@ impl Attribution {
     }
 }
 
-/// Seconds between two writes of the counts into the sandboxes' records.
-pub const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-
-impl crate::daemon::Daemon {
-    /// Bytes fetched for sandbox `sb`'s misses: what its record holds (as the node has it now, if it is
-    /// still there) and what was charged since.
-    pub fn fetched_by(&self, sb: &crate::state::Sandbox) -> u64 {
-        let st = self.lock();
-        let cur = st.sandboxes.get(&sb.id).unwrap_or(sb);
-        let live = cur.root.map_or(0, |k| self.metrics.attribution.peek(k));
-        cur.fetched_bytes + live
-    }
-
-    /// Bytes fetched for misses of no running sandbox (see the module documentation).
-    pub fn fetched_unattributed(&self) -> u64 {
-        let st = self.lock();
-        let roots: std::collections::HashSet<RootKey> =
-            st.sandboxes.values().filter_map(|s| s.root).collect();
-        self.metrics.attribution.unattributed(|k| roots.contains(k))
-    }
-
-    /// Moves the counts charged since the last flush into the running sandboxes' records, and writes
-    /// those records. Nothing is written when nothing was charged.
-    pub fn flush_fetched(&self) {
-        let a = &self.metrics.attribution;
-        let seen = a.changes.load(Ordering::Relaxed);
-        if seen == a.flushed.swap(seen, Ordering::Relaxed) {
-            return;
-        }
-        let changed: Vec<crate::state::Sandbox> = {
-            let mut st = self.lock();
-            st.sandboxes
-                .values_mut()
-                .filter_map(|s| {
-                    let n = a.take(s.root?);
-                    s.fetched_bytes += n;
-                    (n > 0).then(|| s.clone())
-                })
-                .collect()
-        };
-        for s in changed {
-            if let Err(e) = self.node.save_sandbox(&s) {
-                tracing::warn!(sandbox = s.id, error = %e, "recording bytes fetched");
-            }
-        }
-    }
-
-    /// Flushes the counts every [`FLUSH_EVERY`] while the daemon lives and serves.
-    pub(crate) fn start_flushing(self: &std::sync::Arc<Self>) {
-        let weak = std::sync::Arc::downgrade(self);
-        let spawned = std::thread::Builder::new()
-            .name("strata-fetched".into())
-            .spawn(move || loop {
-                std::thread::sleep(FLUSH_EVERY);
-                match weak.upgrade() {
-                    Some(d) if !d.metrics.attribution.retired.load(Ordering::Relaxed) => {
-                        d.flush_fetched()
-                    }
-                    _ => return,
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "no thread to record bytes fetched: recorded at stops only");
-        }
-    }
-
-    /// The last flush of this process: before a successor takes the node over (nothing is charged
-    /// here after it, and nothing is written: the records are the successor's).
-    pub(crate) fn retire_fetched(&self) {
-        self.flush_fetched();
-        self.metrics
-            .attribution
-            .retired
-            .store(true, Ordering::Relaxed);
-    }
-
-    /// Stored bytes of the image of manifest `m` as `strata images` counts them
-    /// ([`strata_registry::store::Store::image_size`]), asked of the store once per image; `None` when
-    /// not known yet and `compute` is false, or when the store cannot say.
-    pub fn image_bytes(&self, m: &strata_registry::digest::Digest, compute: bool) -> Option<u64> {
-        if let Some(n) = self.lock().image_sizes.get(m) {
-            return Some(*n);
-        }
-        if !compute {
-            return None;
-        }
-        let manifest = self.store.get_manifest(m).ok()?;
-        let (stored, _) = self.store.image_size(&manifest).ok()?;
-        self.lock().image_sizes.insert(*m, stored);
-        Some(stored)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn root_keys_are_stats_device_and_inode() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        for p in [
+            std::path::Path::new("/"),
+            dir.path(),
+            std::path::Path::new("/proc/self/root"),
+        ] {
+            let m = std::fs::metadata(p).expect("stat");
+            assert_eq!(root_key(p), Some((m.dev(), m.ino())), "{}", p.display());
+        }
+        assert_eq!(root_key(&dir.path().join("missing")), None);
+    }
 
     #[test]
     fn misses_are_charged_to_the_readers_root_and_only_inside_with_reader() {

@@ -1,50 +1,48 @@
-//! strata's node daemon library.
+//! strata's node daemon library, in two planes.
 //!
-//! Kernel mode, as `docs/DESIGN.md` describes it: the [`daemon`] fetches each layer's metadata to
-//! local disk and mounts it as kernel EROFS ([`mount`]) whose devices are files of the daemon's own FUSE
-//! blob server ([`blobfs`], over strata's own FUSE request loop, [`fuse`]) — on kernels before 6.12 through
-//! loop devices of those files ([`loops`], [`loopdev`]; [`modes`] probes the kernel and picks how); a
-//! read of a blob file is
-//! served from the chunk [`cache`] on a FUSE worker, or, when it must fetch, by the [`fetch`]er on the
-//! blob's own threads ([`slowread`]) under a deadline — verified either way. Each sandbox gets an overlay
-//! of its image's layers ([`sandboxes`]); [`layers`] hands out the layer mounts alone, under named holds
-//! (what a containerd snapshotter uses). The node's state ([`state`]) is on disk, so a successor
-//! serving the same FUSE connection — or a daemon restarted after the node died — knows every sandbox.
-//! [`warming`] fetches an image's prefetch plan in the background when it is mounted. [`api`] is the
-//! control socket, [`metrics`] what it exports (with [`attribution`]: bytes fetched per sandbox,
-//! charged to the sandbox whose process read); [`teardown`] stops and removes many sandboxes in one
-//! request; [`process`] is what an image's config starts in a sandbox, as the API reports it. [`vm`]
-//! serves the same layers to microVMs as drive files (metadata through [`metafile`]) with a scratch
-//! drive for their changes. [`treefs`] serves a layer's whole tree
-//! over FUSE from its metadata (the `fuse` mount mode), for kernels whose EROFS cannot mount it.
+//! **The data plane** serves bytes: the daemon's own FUSE request loop ([`fuse`]); the blob server
+//! ([`blobfs`]) whose files are kernel EROFS's devices, and the tree server ([`treefs`]) that serves a
+//! layer's whole tree from its metadata (the `fuse` mount mode, for kernels whose EROFS cannot mount
+//! it); a read is served from the chunk [`cache`] on a FUSE worker or, when it must fetch, by the
+//! [`fetch`]er on the blob's own threads ([`slowread`]) under a deadline — verified either way, its
+//! pages kept out of the page cache where the kernel keeps its own ([`pagecache`]). Misses are charged
+//! to the sandbox whose process read ([`attribution`]); [`metrics`] counts; [`warming`] fetches an
+//! image's prefetch plan in the background. [`mount`] and [`loopdev`] are the kernel calls that
+//! mount EROFS and bind loop devices; [`metadir`], [`metafile`], [`size`], [`process`] and
+//! [`kernelcheck`] are small helpers.
+//!
+//! **The control plane** ([`control`]) decides what is mounted where: the node's sandboxes and their
+//! overlays, layer holds, mount modes, microVM drives, the node's state on disk and the control socket
+//! — see its documentation. It calls down into the data plane; nothing in the data plane calls up
+//! (`control::tests::the_data_plane_never_calls_up` checks the sources). Failures are classified
+//! once ([`error_kind`]): the API's HTTP status and `strata`'s exit code both derive from the kind.
+//!
+//! `docs/DESIGN.md` describes the whole; the control plane's modules are also re-exported here, where
+//! the crates that use this one have always found them.
 
-pub mod api;
 pub mod attribution;
 pub mod blobfs;
 pub mod cache;
-pub mod daemon;
+pub mod control;
+pub mod error_kind;
 pub mod fetch;
 pub mod fuse;
 pub mod kernelcheck;
-pub mod layers;
 pub mod loopdev;
-pub mod loops;
 pub mod metadir;
 pub mod metafile;
 pub mod metrics;
-pub mod modes;
 pub mod mount;
 pub mod pagecache;
-pub mod perms;
 pub mod process;
-pub mod sandboxes;
 pub mod size;
 pub mod slowread;
-pub mod state;
-pub mod teardown;
 #[cfg(test)]
 mod testkit;
 pub mod treefs;
-pub mod trees;
-pub mod vm;
 pub mod warming;
+
+// The control plane's modules, where the crates above this one have always found them.
+pub use control::{
+    api, daemon, layers, loops, modes, perms, sandboxes, state, teardown, trees, vm,
+};

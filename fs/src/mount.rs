@@ -132,7 +132,7 @@ fn attach(mnt: &OwnedFd, target: &Path) -> Result<(), MountError> {
 
 /// Whether the kernel mounts EROFS image `source` (a file or a block device) with `devices`: the
 /// superblock is made and a mount created, but never attached anywhere (it goes when this returns).
-/// What the mount-mode probe ([`crate::modes`]) tries.
+/// What the mount-mode probe ([`crate::control::modes`]) tries.
 pub fn try_erofs(source: &Path, devices: &[PathBuf]) -> Result<(), MountError> {
     erofs_mount_fd(source, devices, false).map(drop)
 }

@@ -11,13 +11,14 @@
 //! | 6 | store unreachable or failing |
 //! | 7 | sandbox state: leftovers of a stopped sandbox, a resume of another image, processes in a rootfs, a VM still running |
 //!
-//! Errors stratad reports through its control API carry a kind (`api::ErrorKind`), mapped here too: a
-//! daemon-side failure gets the code the same failure gets locally.
+//! Errors stratad reports through its control API carry a kind (`strata_fs::error_kind::ErrorKind`),
+//! whose exit code (`ErrorKind::exit_code`, beside the HTTP status it derives too) is the code the same
+//! failure gets locally.
 
 use strata_builder::oci::export::ExportError;
 use strata_builder::oci::OciError;
 use strata_builder::BuildError;
-use strata_fs::api::{ClientError, ErrorKind};
+use strata_fs::api::ClientError;
 
 use crate::catalog::BrokenTags;
 use strata_registry::gc::GcError;
@@ -70,15 +71,7 @@ fn oci_code(e: &OciError) -> i32 {
 
 fn daemon_code(e: &ClientError) -> i32 {
     match e {
-        ClientError::Api { kind, .. } => match kind {
-            ErrorKind::Invalid => 2,
-            ErrorKind::NotFound => 3,
-            ErrorKind::Conflict => 4,
-            ErrorKind::Corrupt => 5,
-            ErrorKind::Store => 6,
-            ErrorKind::Sandbox => 7,
-            ErrorKind::Internal => 1,
-        },
+        ClientError::Api { kind, .. } => kind.exit_code(),
         ClientError::Connect { .. } | ClientError::Reply(_) => 1,
     }
 }

@@ -12,12 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::daemon::{Daemon, DaemonError};
-use crate::sandboxes::Reuse;
-use crate::vm::VmRequest;
+use crate::control::daemon::{Daemon, DaemonError};
+use crate::control::sandboxes::Reuse;
+use crate::control::vm::VmRequest;
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 1 << 20;
@@ -78,54 +77,21 @@ fn respond(stream: &mut UnixStream, status: u16, content_type: &str, body: &[u8]
     let _ = stream.write_all(body);
 }
 
-/// What kind of failure an error reply reports (its `"kind"`): what a client decides on without parsing
-/// the message. `strata` maps it to its exit code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorKind {
-    /// A bad request: an invalid sandbox id, image reference or body.
-    Invalid,
-    /// No such sandbox, image, tag or route.
-    NotFound,
-    /// The request collides with the node's state: a sandbox id in use, a trace already running.
-    Conflict,
-    /// The store holds data that fails its digest or does not parse.
-    Corrupt,
-    /// The store is unreachable or failing.
-    Store,
-    /// The sandbox's state forbids it: an id with a stopped sandbox's leftovers (resume or discard
-    /// them), a resume of another image, processes still in a rootfs, a sandbox not running.
-    Sandbox,
-    /// Anything else (a mount the kernel refused, a local disk error).
-    Internal,
-}
+pub use crate::error_kind::ErrorKind;
 
-impl ErrorKind {
-    /// The kind of an error reply without one (from a daemon older than `kind`): from its status.
-    pub fn from_status(status: u16) -> ErrorKind {
-        match status {
-            400 => ErrorKind::Invalid,
-            404 => ErrorKind::NotFound,
-            409 => ErrorKind::Conflict,
-            502 => ErrorKind::Store,
-            _ => ErrorKind::Internal,
-        }
-    }
-}
-
-/// An error reply: its status and JSON body.
-pub(crate) fn failure(status: u16, kind: ErrorKind, message: &str) -> (u16, Value) {
-    (status, json!({"error": message, "kind": kind}))
+/// An error reply: its status (the kind's) and JSON body.
+pub(crate) fn failure(kind: ErrorKind, message: &str) -> (u16, Value) {
+    (kind.status(), json!({"error": message, "kind": kind}))
 }
 
 pub(crate) fn error_json(e: &DaemonError) -> (u16, Value) {
-    failure(e.status(), e.kind(), &e.to_string())
+    failure(e.kind(), &e.to_string())
 }
 
 /// A sandbox as the API shows it: its record, with the bytes fetched for its misses so far and its
 /// image's stored bytes as `strata images` counts them (asked of the store only when `sizes`; else
 /// the last known figure).
-fn sandbox_json_sized(d: &Daemon, s: &crate::daemon::Sandbox, sizes: bool) -> Value {
+fn sandbox_json_sized(d: &Daemon, s: &crate::control::daemon::Sandbox, sizes: bool) -> Value {
     let mut v = serde_json::to_value(s).unwrap_or(Value::Null);
     v["fetched_bytes"] = json!(d.fetched_by(s));
     if let Some(n) = d.image_bytes(&s.manifest, sizes) {
@@ -134,15 +100,15 @@ fn sandbox_json_sized(d: &Daemon, s: &crate::daemon::Sandbox, sizes: bool) -> Va
     v
 }
 
-fn sandbox_json(d: &Daemon, s: &crate::daemon::Sandbox) -> Value {
+fn sandbox_json(d: &Daemon, s: &crate::control::daemon::Sandbox) -> Value {
     sandbox_json_sized(d, s, false)
 }
 
 /// A sandbox with the process its image's config starts (user names resolved in its rootfs): for a
 /// created sandbox and `GET /v1/sandboxes/<id>` of a running one.
-fn sandbox_with_process(d: &Daemon, s: &crate::daemon::Sandbox) -> Value {
+fn sandbox_with_process(d: &Daemon, s: &crate::control::daemon::Sandbox) -> Value {
     let mut v = sandbox_json(d, s);
-    if s.state == crate::state::SandboxState::Running {
+    if s.state == crate::control::state::SandboxState::Running {
         match crate::process::Process::of(&s.rootfs, &s.config) {
             Ok(p) => v["process"] = json!(p),
             Err(e) => v["process_error"] = json!(e.to_string()),
@@ -207,7 +173,7 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
             let body: Value = match serde_json::from_slice(&req.body) {
                 Ok(v) => v,
                 Err(e) => {
-                    return json_reply(failure(400, ErrorKind::Invalid, &format!("bad JSON: {e}")))
+                    return json_reply(failure(ErrorKind::Invalid, &format!("bad JSON: {e}")))
                 }
             };
             if body["kind"] == "vm" {
@@ -216,12 +182,12 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
                         Ok(s) => (201, sandbox_json(d, &s)),
                         Err(e) => error_json(&e),
                     },
-                    Err(e) => failure(400, ErrorKind::Invalid, &format!("bad VM request: {e}")),
+                    Err(e) => failure(ErrorKind::Invalid, &format!("bad VM request: {e}")),
                 });
             }
             let (Some(image), Some(id)) = (body["image"].as_str(), body["id"].as_str()) else {
                 let need = "need \"image\" and \"id\"";
-                return json_reply(failure(400, ErrorKind::Invalid, need));
+                return json_reply(failure(ErrorKind::Invalid, need));
             };
             let dir = body["dir"].as_str().map(PathBuf::from);
             let reuse = match body.get("reuse") {
@@ -242,17 +208,17 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
             })
         }
         ("GET", ["v1", "layers"]) => json_reply((200, json!(d.holds()))),
-        ("POST", ["v1", "layers"]) => json_reply(crate::layers::hold_route(d, &req.body)),
+        ("POST", ["v1", "layers"]) => json_reply(crate::control::layers::hold_route(d, &req.body)),
         ("DELETE", ["v1", "layers", digest]) => {
-            json_reply(crate::layers::release_route(d, digest, query))
+            json_reply(crate::control::layers::release_route(d, digest, query))
         }
         ("POST", ["v1", "trace", "start"]) => json_reply(match d.trace_start() {
             true => (200, json!({"tracing": true})),
-            false => failure(409, ErrorKind::Conflict, "a trace is already running"),
+            false => failure(ErrorKind::Conflict, "a trace is already running"),
         }),
         ("POST", ["v1", "trace", "stop"]) => json_reply((200, json!({"entries": d.trace_stop()}))),
         ("POST", ["v1", "sandboxes", "delete"]) => {
-            json_reply(crate::teardown::delete_route(d, &req.body, |s| {
+            json_reply(crate::control::teardown::delete_route(d, &req.body, |s| {
                 sandbox_json(d, s)
             }))
         }
@@ -267,7 +233,6 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
             })
         }
         _ => json_reply(failure(
-            404,
             ErrorKind::NotFound,
             &format!("no route {} {}", req.method, req.path),
         )),

@@ -4,13 +4,13 @@
 //! metadata fetched to local disk (verified), its blobs registered with the FUSE blob server (their
 //! tables of contents fetched and verified), and is mounted as kernel EROFS with one `device=` per blob
 //! file — file-backed, or on loop devices of those files on older kernels (the mount mode, probed at
-//! start: [`crate::modes`], [`crate::loops`]). Layer mounts are reference counted: every sandbox of every image that uses a
+//! start: [`crate::control::modes`], [`crate::control::loops`]). Layer mounts are reference counted: every sandbox of every image that uses a
 //! layer shares one mount (one page-cache copy) and the last sandbox to go releases it. A sandbox is an
 //! overlay of its image's layers (top first) with its own upper and work directories.
 //!
 //! **Surviving the process.** The daemon serves a FUSE connection it may not have opened: started with
 //! an inherited one ([`Daemon::start`] with a [`Channel`]), it adopts the node as a predecessor left it —
-//! sandbox records from [`crate::state`], their layers' blobs registered from kept tables of contents
+//! sandbox records from [`crate::control::state`], their layers' blobs registered from kept tables of contents
 //! before the first request is read, then the kernel asked to resend what the predecessor had read but
 //! not answered. Nothing is unmounted, so sandboxes never notice. Started without one, it cleans up what a
 //! dead node left (mounts under the runtime directory) and mounts a new connection; sandboxes recorded
@@ -19,7 +19,7 @@
 //! [`Daemon::shutdown`] is the teardown.
 //!
 //! Directories: `<state>/layers/<hex>.erofs` (metadata, on disk: the kernel refuses tmpfs),
-//! `<state>/cache/` (chunk cache), `<state>/node/` (records, see [`crate::state`]),
+//! `<state>/cache/` (chunk cache), `<state>/node/` (records, see [`crate::control::state`]),
 //! `<state>/sandboxes/<id>/{upper,work}`; `<runtime>/fuse/` (blob server), `<runtime>/layers/<hex>/`,
 //! `<runtime>/sandboxes/<id>/rootfs`.
 
@@ -28,119 +28,30 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use strata_prefetch::{PlanEntry, WarmOptions};
 use strata_registry::digest::Digest;
 use strata_registry::model::{BlobRef, LayerDescriptor, Manifest, Reference};
 use strata_registry::store::{Store, StoreError};
 
-use crate::api::ErrorKind;
 use crate::blobfs::{BlobFs, BlobTable, InoCollision};
 use crate::cache::ChunkCache;
+use crate::control::loops::Loops;
+use crate::control::modes::{ModeError, ModeReport, MountMode};
+use crate::control::state::{NodeState, StateError};
+use crate::control::trees::{Kept, Trees};
+use crate::error_kind::ErrorKind;
 use crate::fetch::{BlobHandle, Fetcher};
 use crate::fuse::session::{Options, Session};
 use crate::fuse::Channel;
-use crate::loops::Loops;
 use crate::metadir;
 use crate::metrics::Metrics;
-use crate::modes::{ModeError, ModeReport, ModeRequest, MountMode};
 use crate::mount::{self, MountError};
-use crate::state::{NodeState, StateError};
-use crate::trees::{Kept, Trees};
 use crate::warming::Warming;
 
-pub use crate::state::{Sandbox, SandboxState};
+pub use crate::control::state::{Sandbox, SandboxState};
 
-/// How the daemon runs.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Config {
-    /// Store URL (`file:///…` or `s3://bucket/prefix`).
-    pub store: String,
-    /// Persistent state: layer metadata, chunk cache, sandbox upper directories.
-    pub state_dir: PathBuf,
-    /// Mount points and the control socket.
-    pub runtime_dir: PathBuf,
-    /// Chunk cache bound in bytes.
-    #[serde(deserialize_with = "crate::size::deserialize")]
-    pub cache_size: u64,
-    /// A read that cannot complete within this many seconds fails with EIO.
-    pub read_timeout_secs: f64,
-    /// Any other store operation (a tag, manifest, layer descriptor or metadata read, a listing, a
-    /// write) fails after this many seconds, and the request that needed it with it.
-    pub store_timeout_secs: f64,
-    /// Largest compressed span a miss fetches (its chunk, then the missing chunks after it, in a
-    /// parallel request). `None`: [`default_fetch_span`] for the store.
-    #[serde(deserialize_with = "crate::size::deserialize_opt")]
-    pub max_fetch_span: Option<u64>,
-    /// Compressed bytes before a miss fetched with it in the background (0: none, the default).
-    #[serde(deserialize_with = "crate::size::deserialize")]
-    pub max_fetch_behind: u64,
-    /// FUSE worker threads.
-    pub fuse_threads: usize,
-    /// A group (gid) allowed to use the control socket and read the blob files, besides root.
-    pub group: Option<u32>,
-    /// Warm an image's prefetch plan (if it has one) when a sandbox of it is created.
-    pub prefetch: bool,
-    /// Concurrent prefetch requests (default: 4 from a `file://` store, where they cost CPU; 32 over a
-    /// network, where each costs a round trip).
-    pub prefetch_threads: Option<usize>,
-    /// Prefetch bandwidth cap in bytes per second (0: none).
-    #[serde(deserialize_with = "crate::size::deserialize")]
-    pub prefetch_rate: u64,
-    /// Bound of the metadata kept on disk for layers no longer mounted (least recently used go first).
-    #[serde(deserialize_with = "crate::size::deserialize")]
-    pub metadata_cache_size: u64,
-    /// Record the chunks read in this many seconds after a sandbox of an image without a prefetch plan
-    /// is requested, and store them as its plan (0: never). Needs write access to the store.
-    pub record_plans_secs: f64,
-    /// How layers are mounted: `auto` (probe the kernel, take the fastest mode that works) or one mode
-    /// forced (see [`crate::modes`]).
-    pub mount_mode: ModeRequest,
-    /// In `loop` mode, bind loop devices with direct I/O (see [`crate::loops::Loops::new`]).
-    pub loop_direct_io: bool,
-}
-
-impl Default for Config {
-    fn default() -> Config {
-        Config {
-            store: strata_registry::store::DEFAULT_STORE.to_string(),
-            state_dir: PathBuf::from("/var/lib/strata"),
-            runtime_dir: PathBuf::from("/run/strata"),
-            cache_size: 10 << 30,
-            read_timeout_secs: 30.0,
-            store_timeout_secs: 60.0,
-            max_fetch_span: None,
-            max_fetch_behind: 0,
-            fuse_threads: 8,
-            group: None,
-            prefetch: true,
-            prefetch_threads: None,
-            prefetch_rate: 256 << 20,
-            metadata_cache_size: 4 << 30,
-            record_plans_secs: 0.0,
-            mount_mode: ModeRequest::Auto,
-            loop_direct_io: true,
-        }
-    }
-}
-
-/// The fetch span for a store when none is configured. Over a network (`s3://`, `http(s)://`) every
-/// miss costs a round trip, and 2 MiB is where the slow-link benchmark's time stops falling (4 MiB: same
-/// time, 38 % more bytes). A local directory (`file://`) costs no round trip, so fetching ahead only
-/// spends CPU on chunks that may never be read: 256 KiB (local cold import 1.03 s against 1.59 s with
-/// 2 MiB). See BENCHMARKS.md, "Node daemon".
-pub fn default_fetch_span(store: &str) -> u64 {
-    match is_local_store(store) {
-        true => 256 << 10,
-        false => 2 << 20,
-    }
-}
-
-/// A `file://` store: no round trip per request, fetching costs CPU only.
-fn is_local_store(store: &str) -> bool {
-    store.starts_with("file://")
-}
+use super::config::is_local_store;
+pub use super::config::{default_fetch_span, Config};
 
 /// Errors of daemon operations.
 #[derive(Debug, thiserror::Error)]
@@ -164,7 +75,7 @@ pub enum DaemonError {
     #[error("{0}")]
     Ino(#[from] InoCollision),
     #[error("{0}")]
-    Vm(#[from] crate::vm::VmError),
+    Vm(#[from] crate::control::vm::VmError),
     #[error("{0}")]
     Mode(#[from] ModeError),
     #[error("no sandbox {0}")]
@@ -202,24 +113,9 @@ fn of_image(image: &Option<String>) -> String {
 }
 
 impl DaemonError {
-    /// The HTTP status the control API answers with.
+    /// The HTTP status the control API answers with: the kind's.
     pub fn status(&self) -> u16 {
-        match self {
-            DaemonError::NoSandbox(_) => 404,
-            DaemonError::Store(e) if e.is_not_found() => 404,
-            DaemonError::SandboxExists(_)
-            | DaemonError::NotRunning(_)
-            | DaemonError::Leftover { .. }
-            | DaemonError::OtherImage { .. }
-            | DaemonError::Busy { .. } => 409,
-            DaemonError::Invalid(_) => 400,
-            DaemonError::Vm(
-                crate::vm::VmError::TooManyDrives { .. } | crate::vm::VmError::ScratchTooSmall(_),
-            ) => 400,
-            DaemonError::Store(StoreError::Model(_)) => 400,
-            DaemonError::Store(StoreError::Backend { .. } | StoreError::Timeout { .. }) => 502,
-            _ => 500,
-        }
+        self.kind().status()
     }
 
     /// What kind of failure this is, for clients: the control API's `kind`, `strata`'s exit code.
@@ -233,7 +129,8 @@ impl DaemonError {
             | DaemonError::NotRunning(_) => ErrorKind::Sandbox,
             DaemonError::Invalid(_) => ErrorKind::Invalid,
             DaemonError::Vm(
-                crate::vm::VmError::TooManyDrives { .. } | crate::vm::VmError::ScratchTooSmall(_),
+                crate::control::vm::VmError::TooManyDrives { .. }
+                | crate::control::vm::VmError::ScratchTooSmall(_),
             ) => ErrorKind::Invalid,
             DaemonError::Store(e) if e.is_not_found() => ErrorKind::NotFound,
             DaemonError::Store(e) => match e {
@@ -267,8 +164,8 @@ pub(crate) struct State {
     pub(crate) layers: HashMap<Digest, LayerMount>,
     /// Every recorded sandbox, running or stopped.
     pub(crate) sandboxes: BTreeMap<String, Sandbox>,
-    /// Layers microVMs use (served, not mounted): see [`crate::vm`].
-    pub(crate) vm_layers: HashMap<Digest, crate::vm::VmLayer>,
+    /// Layers microVMs use (served, not mounted): see [`crate::control::vm`].
+    pub(crate) vm_layers: HashMap<Digest, crate::control::vm::VmLayer>,
     /// Manifests are immutable: each is read from the store once.
     manifests: HashMap<Digest, Arc<Manifest>>,
     /// Stored bytes of images, as `strata images` counts them (see [`Daemon::image_bytes`]).
@@ -296,7 +193,7 @@ pub struct Daemon {
     pub mode_report: ModeReport,
     pub(crate) loops: Loops,
     /// Where removed sandboxes' directories go to be deleted in the background.
-    pub(crate) trash: crate::teardown::Trash,
+    pub(crate) trash: crate::control::teardown::Trash,
     /// `fuse` mode's tree connections, and where they are kept for successors.
     pub(crate) trees: Trees,
 }
@@ -354,7 +251,7 @@ pub fn mount_fresh(config: &Config) -> Result<Channel, DaemonError> {
     ] {
         std::fs::create_dir_all(&d).map_err(|e| io(&d, e))?;
     }
-    crate::perms::secure(config)?;
+    crate::control::perms::secure(config)?;
     let fuse_dir = config.runtime_dir.join("fuse");
     Channel::mount(&fuse_dir, config.group.is_some()).map_err(|e| io(&fuse_dir, e))
 }
@@ -368,7 +265,7 @@ impl Daemon {
     }
 
     /// [`Daemon::start`] with the descriptors a predecessor kept (`fuse` mode's tree connections) and
-    /// where to keep new ones ([`crate::trees`]).
+    /// where to keep new ones ([`crate::control::trees`]).
     pub fn start_kept(config: Config, fuse: Fuse, kept: Kept) -> Result<Arc<Daemon>, DaemonError> {
         let (chan, adopted) = match fuse {
             Fuse::Mount => (mount_fresh(&config)?, false),
@@ -377,10 +274,11 @@ impl Daemon {
         };
         if adopted {
             // A predecessor (perhaps an older version) may have left looser modes behind.
-            crate::perms::secure(&config)?;
+            crate::control::perms::secure(&config)?;
         }
         let chan = Arc::new(chan);
-        let mode_report = crate::modes::for_server(&config.state_dir, config.mount_mode, adopted);
+        let mode_report =
+            crate::control::modes::for_server(&config.state_dir, config.mount_mode, adopted);
         let mode = mode_report.usable()?;
         tracing::info!(%mode, passed_over = ?mode_report.passed_over,
             probe_ms = mode_report.probe_ms, "mount mode");
@@ -416,7 +314,7 @@ impl Daemon {
                 .then(|| Duration::from_secs_f64(config.record_plans_secs.min(86_400.0))),
         );
         let config_loop_dio = config.loop_direct_io;
-        let trash = crate::teardown::Trash::new(
+        let trash = crate::control::teardown::Trash::new(
             [&config.state_dir, &config.runtime_dir]
                 .iter()
                 .map(|d| d.join("sandboxes").join(".trash"))
@@ -811,7 +709,10 @@ impl Daemon {
 
 /// Detaches every mount below `runtime` (left by a daemon that was killed), deepest first.
 pub fn cleanup_mounts(runtime: &Path) {
-    detach(crate::state::mount_points(runtime), "detaching stale mount");
+    detach(
+        crate::control::state::mount_points(runtime),
+        "detaching stale mount",
+    );
 }
 
 /// Detaches `points` lazily, deepest first (a mount below another goes before it), logging `why`.

@@ -22,8 +22,8 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use strata_registry::digest::Digest;
 
-use crate::daemon::{Daemon, DaemonError};
-use crate::state::StateError;
+use crate::control::daemon::{Daemon, DaemonError};
+use crate::control::state::StateError;
 
 /// A named hold on a layer mount.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,7 +121,7 @@ impl Daemon {
             path,
         };
         let bytes = serde_json::to_vec_pretty(&hold).unwrap_or_default();
-        if let Err(e) = crate::state::write_atomic(&record, &bytes) {
+        if let Err(e) = crate::control::state::write_atomic(&record, &bytes) {
             self.release_layer(digest);
             return Err(e.into());
         }
@@ -166,7 +166,7 @@ impl Daemon {
     pub(crate) fn remount_held_layers(&self) {
         let held: HashSet<Digest> = self.holds().into_iter().map(|h| h.digest).collect();
         let mounted: HashSet<PathBuf> =
-            crate::state::mount_points(&self.config.runtime_dir.join("layers"))
+            crate::control::state::mount_points(&self.config.runtime_dir.join("layers"))
                 .into_iter()
                 .collect();
         for d in held {
@@ -204,12 +204,12 @@ struct HoldRequest {
 
 /// `POST /v1/layers`: status and JSON reply.
 pub(crate) fn hold_route(d: &Daemon, body: &[u8]) -> (u16, serde_json::Value) {
-    use crate::api::{error_json, failure, ErrorKind};
+    use crate::control::api::{error_json, failure, ErrorKind};
     let r: HoldRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
         Err(e) => {
             let msg = format!("need {{\"digest\", \"holder\", \"store\"?}}: {e}");
-            return failure(400, ErrorKind::Invalid, &msg);
+            return failure(ErrorKind::Invalid, &msg);
         }
     };
     match d.hold_layer(&r.digest, &r.holder, r.store.as_deref()) {
@@ -220,18 +220,17 @@ pub(crate) fn hold_route(d: &Daemon, body: &[u8]) -> (u16, serde_json::Value) {
 
 /// `DELETE /v1/layers/<digest>?holder=<percent-encoded name>`: status and JSON reply.
 pub(crate) fn release_route(d: &Daemon, digest: &str, query: &str) -> (u16, serde_json::Value) {
-    use crate::api::{error_json, failure, ErrorKind};
+    use crate::control::api::{error_json, failure, ErrorKind};
     let holder = query
         .split('&')
         .find_map(|kv| kv.strip_prefix("holder="))
         .map(percent_decode);
     let (Ok(digest), Some(Some(holder))) = (digest.parse::<Digest>(), holder) else {
-        return failure(400, ErrorKind::Invalid, "need a layer digest and ?holder=");
+        return failure(ErrorKind::Invalid, "need a layer digest and ?holder=");
     };
     match d.release_hold(&digest, &holder) {
         Ok(Some(h)) => (200, serde_json::json!(h)),
         Ok(None) => failure(
-            404,
             ErrorKind::NotFound,
             &format!("no hold of {holder} on layer {digest}"),
         ),

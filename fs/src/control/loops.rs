@@ -20,9 +20,9 @@ use std::sync::Mutex;
 
 use strata_registry::digest::Digest;
 
-use crate::daemon::{Daemon, DaemonError};
+use crate::control::daemon::{Daemon, DaemonError};
+use crate::control::modes::MountMode;
 use crate::loopdev::{self, LoopDev};
-use crate::modes::MountMode;
 use crate::mount;
 
 /// The loop devices the daemon binds and reuses.
@@ -97,7 +97,7 @@ pub fn devices_under(dirs: &[PathBuf]) -> Vec<Bound> {
 impl Daemon {
     /// Mounts a layer's EROFS at `target` in this node's mode: its metadata file `meta` with the blob
     /// files `blobs` as devices (`file`), or loop devices of them (`loop`); or its tree served over FUSE
-    /// (`fuse`), the connection kept for successors ([`crate::trees`]).
+    /// (`fuse`), the connection kept for successors ([`crate::control::trees`]).
     pub(crate) fn mount_layer(
         &self,
         layer: &Digest,

@@ -3,7 +3,7 @@
 //! | mode | needs | a layer is |
 //! |---|---|---|
 //! | `file` | file-backed EROFS (Linux 6.12+), FUSE | EROFS mounted on its metadata file, one `device=` per blob file on stratad's FUSE mount |
-//! | `loop` | multi-device EROFS on block devices (5.16+), loop devices, FUSE | EROFS on a loop device of its metadata file, one `device=` loop device per blob file ([`crate::loops`]) |
+//! | `loop` | multi-device EROFS on block devices (5.16+), loop devices, FUSE | EROFS on a loop device of its metadata file, one `device=` loop device per blob file ([`crate::control::loops`]) |
 //! | `fuse` | FUSE | stratad serves the layer's whole tree from its metadata (`crate::treefs`) |
 //!
 //! `auto` (the default) probes at start what this kernel can do and takes the first mode of that list
@@ -439,7 +439,9 @@ pub fn for_server(state_dir: &Path, requested: ModeRequest, adopted: bool) -> Mo
         let saved = std::fs::create_dir_all(state_dir.join("node"))
             .map_err(|e| e.to_string())
             .and_then(|_| serde_json::to_vec(&report).map_err(|e| e.to_string()))
-            .and_then(|b| crate::state::write_atomic(&path, &b).map_err(|e| e.to_string()));
+            .and_then(|b| {
+                crate::control::state::write_atomic(&path, &b).map_err(|e| e.to_string())
+            });
         if let Err(e) = saved {
             tracing::warn!(error = %e, "recording the mount mode: a successor will probe again");
         }

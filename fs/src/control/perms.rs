@@ -19,7 +19,7 @@
 //! `runtime_dir/fuse` is not touched: it is the blob server's mount point, whose root's attributes the
 //! blob server gives (following `group`), and a `chmod` there would wait on a FUSE connection whose
 //! server may be gone. Files are 0600: chunk cache segments get their mode where they are created (`cache.rs`),
-//! node records theirs in [`crate::state::write_atomic`]; layer metadata files and node records found at
+//! node records theirs in [`crate::control::state::write_atomic`]; layer metadata files and node records found at
 //! start (an older daemon wrote them 0644) are fixed here. Directories an older daemon left with looser modes are
 //! tightened at every start. A `runtime_dir` that is shared with others (world-writable or sticky, like
 //! `/tmp`) is not changed — only warned about — since tightening it would break every other user of it.
@@ -28,7 +28,7 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use crate::daemon::{Config, DaemonError};
+use crate::control::daemon::{Config, DaemonError};
 
 /// Mode of files holding image data.
 const FILE_MODE: u32 = 0o600;

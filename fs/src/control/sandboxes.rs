@@ -1,7 +1,7 @@
 //! Sandboxes: created, stopped, resumed, removed — and found again after a restart.
 //!
 //! A sandbox is an overlay of its image's layers (top first) with its own upper and work directories.
-//! Its record ([`crate::state`]) is written before the overlay is mounted and outlives it: unmounting
+//! Its record ([`crate::control::state`]) is written before the overlay is mounted and outlives it: unmounting
 //! (`strata umount`) stops a sandbox, leaving its upper directory for `pack_diff` and its record for
 //! `strata ps`; only a purge (`strata rm`) deletes both.
 //!
@@ -16,9 +16,9 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use strata_registry::digest::Digest;
 
-use crate::daemon::{detach, valid_id, Daemon, DaemonError, LayerMount};
+use crate::control::daemon::{detach, valid_id, Daemon, DaemonError, LayerMount};
+use crate::control::state::{self, Sandbox, SandboxState};
 use crate::mount;
-use crate::state::{self, Sandbox, SandboxState};
 
 /// What to do when the requested id still has a stopped sandbox's upper directory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -311,7 +311,7 @@ impl Daemon {
     /// Refuses while processes run in its rootfs, unless `force`.
     pub fn purge_sandbox(&self, id: &str, force: bool) -> Result<Sandbox, DaemonError> {
         let ids = [id.to_string()];
-        let r = self.delete_sandboxes(&ids, crate::teardown::Teardown::Purge { force });
+        let r = self.delete_sandboxes(&ids, crate::control::teardown::Teardown::Purge { force });
         r.into_iter()
             .next()
             .unwrap_or_else(|| Err(DaemonError::NoSandbox(id.to_string())))
@@ -349,7 +349,7 @@ impl Daemon {
         for mut sb in records {
             let recorded = sb.state;
             sb.state = match (&sb.vm, mounted.contains(&sb.rootfs)) {
-                (Some(_), _) => crate::vm::restored_state(self.adopted, recorded),
+                (Some(_), _) => crate::control::vm::restored_state(self.adopted, recorded),
                 (None, true) => SandboxState::Running,
                 (None, false) => SandboxState::Stopped,
             };

@@ -84,7 +84,7 @@ pub struct Sandbox {
     /// A microVM sandbox's drives (`None`: a container sandbox, with an overlay rootfs). For a VM,
     /// `upper` is its scratch image and `work` the directory holding it; `rootfs` is empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vm: Option<crate::vm::VmDrives>,
+    pub vm: Option<crate::control::vm::VmDrives>,
     /// Compressed bytes the node fetched for this sandbox's read misses, up to the last time the
     /// daemon wrote the record ([`crate::attribution`]; the API adds what was counted since).
     #[serde(default)]
@@ -257,25 +257,7 @@ pub fn mount_points(under: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// A directory's device and inode: what identifies a rootfs as some process's root.
-pub type RootKey = (u64, u64);
-
-/// The device and inode of directory `dir` (following symlinks, as `/proc/PID/root` is followed).
-///
-/// `statx` with `AT_STATX_DONT_SYNC`: a device and an inode number are known without asking the
-/// filesystem, so a process whose root is on a FUSE or network filesystem that does not answer (a
-/// dead server, a hung NFS mount) cannot make a `/proc` scan — or a FUSE worker charging a miss —
-/// wait for it. The result equals `stat`'s (`st_dev`, `st_ino`).
-pub fn root_key(dir: &Path) -> Option<RootKey> {
-    use rustix::fs::{makedev, statx, AtFlags, StatxFlags, CWD};
-    let sx = statx(CWD, dir, AtFlags::STATX_DONT_SYNC, StatxFlags::INO).ok()?;
-    Some((makedev(sx.stx_dev_major, sx.stx_dev_minor), sx.stx_ino))
-}
-
-/// The root directory of process `pid` (as seen from this process), if it can be told.
-pub fn process_root(pid: u32) -> Option<RootKey> {
-    root_key(Path::new(&format!("/proc/{pid}/root")))
-}
+pub use crate::attribution::{process_root, root_key, RootKey};
 
 /// The processes (other than this one) whose root directory is one `wanted` accepts, by root: one
 /// scan of `/proc` for any number of roots.
@@ -386,17 +368,6 @@ mod tests {
             fetched_bytes: 0,
             root: None,
         }
-    }
-
-    #[test]
-    fn root_keys_are_stats_device_and_inode() {
-        use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().expect("tempdir");
-        for p in [Path::new("/"), dir.path(), Path::new("/proc/self/root")] {
-            let m = std::fs::metadata(p).expect("stat");
-            assert_eq!(root_key(p), Some((m.dev(), m.ino())), "{}", p.display());
-        }
-        assert_eq!(root_key(&dir.path().join("missing")), None);
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! - **Unmounts overlap.** A batch is stopped by up to [`WORKERS`] threads at once: each `umount2` waits
 //!   for a grace period outside the namespace lock, so concurrent ones share their waits.
 //! - **One `/proc` scan per batch** finds the processes still in any of the batch's rootfs
-//!   ([`crate::state::pids_by_root`]), not one per sandbox.
+//!   ([`crate::control::state::pids_by_root`]), not one per sandbox.
 //! - A purge does not record the sandbox as stopped before deleting its record.
 
 use std::collections::HashMap;
@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Mutex;
 
-use crate::daemon::{Daemon, DaemonError};
-use crate::state::{self, Sandbox, SandboxState};
+use crate::control::daemon::{Daemon, DaemonError};
+use crate::control::state::{self, Sandbox, SandboxState};
 
 /// Threads stopping sandboxes at once in a batch.
 pub const WORKERS: usize = 16;
@@ -167,7 +167,7 @@ impl Daemon {
         let mut roots = HashMap::new();
         for sb in &sbs {
             if sb.vm.is_some() {
-                let pids = crate::vm::holders(&sb.upper).unwrap_or_default();
+                let pids = crate::control::vm::holders(&sb.upper).unwrap_or_default();
                 if !pids.is_empty() {
                     out.insert(sb.id.clone(), pids);
                 }
@@ -247,13 +247,13 @@ pub(crate) fn delete_route(
         Ok(r) => r,
         Err(e) => {
             let m = format!("bad batch delete request: {e}");
-            return crate::api::failure(400, crate::api::ErrorKind::Invalid, &m);
+            return crate::control::api::failure(crate::control::api::ErrorKind::Invalid, &m);
         }
     };
     let purge = req.purge.unwrap_or(true);
     if !purge && req.stopped {
         let m = "\"stopped\" selects sandboxes to purge: it needs \"purge\": true";
-        return crate::api::failure(400, crate::api::ErrorKind::Invalid, m);
+        return crate::control::api::failure(crate::control::api::ErrorKind::Invalid, m);
     }
     let ids = req.select(d, purge);
     let how = match purge {
@@ -265,7 +265,7 @@ pub(crate) fn delete_route(
         match r {
             Ok(sb) => done.push(sandbox_json(&sb)),
             Err(e) => {
-                let (_, mut v) = crate::api::error_json(&e);
+                let (_, mut v) = crate::control::api::error_json(&e);
                 v["id"] = serde_json::json!(id);
                 failed.push(v);
             }

@@ -32,11 +32,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use strata_registry::digest::Digest;
 
-use crate::daemon::Daemon;
+use crate::control::daemon::Daemon;
+use crate::control::modes::MountMode;
 use crate::fuse::journal::Journal;
 use crate::fuse::session::Options;
 use crate::fuse::Channel;
-use crate::modes::MountMode;
 use crate::treefs::{TreeMount, TreeOptions};
 
 /// Where a server parks descriptors that must outlive it (systemd's file-descriptor store, or the

@@ -34,9 +34,9 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use strata_registry::digest::Digest;
 
-use crate::daemon::{valid_id, Daemon, DaemonError, State};
-use crate::sandboxes::{leftovers, Leftovers, Reuse};
-use crate::state::{Sandbox, SandboxState};
+use crate::control::daemon::{valid_id, Daemon, DaemonError, State};
+use crate::control::sandboxes::{leftovers, Leftovers, Reuse};
+use crate::control::state::{Sandbox, SandboxState};
 
 /// Drives a VM sandbox may have: QEMU's `microvm` machine has 24 virtio-mmio transports (with its
 /// second IO-APIC, the default), each one drive.
@@ -386,7 +386,7 @@ impl Daemon {
     /// Creates the directory of a scratch image with the daemon's modes (see the module documentation).
     fn make_scratch_dir(&self, dir: &Path) -> Result<(), DaemonError> {
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-        crate::perms::close_dir(
+        crate::control::perms::close_dir(
             dir,
             self.config.group.map_or(0o700, |_| 0o750),
             self.config.group,

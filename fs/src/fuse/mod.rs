@@ -23,7 +23,7 @@
 //! a read waiting on the network holds no worker thread. This module owns the wire format ([`proto`]),
 //! the descriptor and the mount ([`Channel`]), and the request loop ([`session`]); what the files are is
 //! the [`session::Filesystem`] implementation's business (`crate::blobfs`, and in `fuse` mount mode
-//! `crate::treefs`, whose per-layer connections survive the same way: `crate::trees`).
+//! `crate::treefs`, whose per-layer connections survive the same way: `crate::control::trees`).
 
 pub mod journal;
 pub mod proto;
@@ -96,7 +96,7 @@ impl Channel {
     /// `target`: `nodev` and `nosuid` like every image mount (`crate::mount`), but programs may run, and
     /// the kernel checks the served modes and owners (`default_permissions`) for every caller. Like
     /// the blob server's, the connection outlives its server (its descriptor and journal are kept by
-    /// the holder: `crate::trees`), with a smaller journal ([`journal::TREE_SLOTS`]): one per layer.
+    /// the holder: `crate::control::trees`), with a smaller journal ([`journal::TREE_SLOTS`]): one per layer.
     pub fn mount_tree(target: &Path, allow_other: bool) -> io::Result<Channel> {
         let flags = MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID;
         let chan = Self::mount_with(target, flags, allow_other, true)?;
