@@ -268,10 +268,24 @@ pub enum FrameError {
     Length { got: usize, expected: usize },
 }
 
-/// Decompresses a frame that must hold exactly `len` bytes.
+thread_local! {
+    /// Each thread's zstd decompression context, made on its first frame and reused: a context is
+    /// ~100 KiB of tables that `zstd::bulk::decompress` would allocate and set up again per frame.
+    static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Decompresses a frame that must hold exactly `len` bytes (on this thread's reused context).
 pub fn decompress(frame: &[u8], len: usize) -> Result<Vec<u8>, FrameError> {
-    let out =
-        zstd::bulk::decompress(frame, len).map_err(|source| FrameError::Zstd { len, source })?;
+    let zstd_error = |source| FrameError::Zstd { len, source };
+    let out = DCTX.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let dctx = match slot.as_mut() {
+            Some(d) => d,
+            None => slot.insert(zstd::bulk::Decompressor::new().map_err(zstd_error)?),
+        };
+        dctx.decompress(frame, len).map_err(zstd_error)
+    })?;
     if out.len() != len {
         return Err(FrameError::Length {
             got: out.len(),
@@ -395,5 +409,21 @@ mod tests {
         wrong[3] = 0;
         assert!(verified_chunk(&c, &wrong).is_err());
         assert!(decompress(&z, 4999).is_err());
+    }
+
+    #[test]
+    fn the_reused_context_survives_bad_frames() {
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let z = compress(&data, 3);
+        for _ in 0..3 {
+            assert_eq!(decompress(&z, data.len()).expect("good frame"), data);
+            assert!(
+                decompress(&z[..z.len() / 2], data.len()).is_err(),
+                "truncated"
+            );
+            assert!(decompress(b"not zstd at all", 100).is_err(), "garbage");
+            assert!(decompress(&z, data.len() - 1).is_err(), "too small");
+        }
+        assert_eq!(decompress(&compress(b"", 3), 0).expect("empty"), b"");
     }
 }
