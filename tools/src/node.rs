@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use strata_fs::api::Client;
+use strata_fs::api::{Client, ClientError};
+use strata_fs::error_kind::ErrorKind;
 use strata_fs::process::Process;
+use strata_fs::teardown::{Candidate, DeleteRequest};
 
 use crate::exit::Usage;
 use crate::images::human;
@@ -75,24 +77,69 @@ pub fn rm(socket: &Path, mut selection: Value, force: bool, json_out: bool) -> R
     failed.map_or(Ok(()), Err)
 }
 
-/// One batch delete: the sandboxes done, and the first failure (each failure is printed).
+/// One batch delete: the sandboxes done, and the first failure (each failure is printed). A daemon
+/// older than the batch route (it answers `404`, "no route") gets the same selection made here and one
+/// `DELETE` per sandbox: a CLI upgraded before its node's daemon still tears down.
 fn delete(socket: &Path, body: Value) -> Result<(Vec<Value>, Option<anyhow::Error>)> {
-    let v = client(socket).call("POST", "/v1/sandboxes/delete", Some(&body))?;
+    let c = client(socket);
+    let v = match c.call("POST", "/v1/sandboxes/delete", Some(&body)) {
+        Err(ClientError::Api {
+            status: 404,
+            message,
+            ..
+        }) if message.starts_with("no route") => one_by_one(&c, &body)?,
+        r => r?,
+    };
     let mut first = None;
     for f in v["failed"].as_array().into_iter().flatten() {
         let (id, message) = (f["id"].as_str().unwrap_or("?"), f["error"].as_str());
         eprintln!("strata: {id}: {}", message.unwrap_or("failed"));
         first.get_or_insert_with(|| {
-            let e = strata_fs::api::ClientError::Api {
-                status: 409,
-                kind: serde_json::from_value(f["kind"].clone())
-                    .unwrap_or(strata_fs::api::ErrorKind::Internal),
+            let kind: ErrorKind =
+                serde_json::from_value(f["kind"].clone()).unwrap_or(ErrorKind::Internal);
+            let e = ClientError::Api {
+                status: kind.status(),
+                kind,
                 message: format!("{id}: {}", message.unwrap_or("failed")),
             };
             anyhow::Error::from(e)
         });
     }
     Ok((v["removed"].as_array().cloned().unwrap_or_default(), first))
+}
+
+/// The batch delete `body` asks for, done against a daemon without the batch route: the selection made
+/// from `GET /v1/sandboxes` as the daemon would make it, then one `DELETE` per sandbox; answers as the
+/// batch route does.
+fn one_by_one(c: &Client, body: &Value) -> Result<Value> {
+    let req: DeleteRequest =
+        serde_json::from_value(body.clone()).context("batch delete request")?;
+    let purge = req.purge.unwrap_or(true);
+    let list = c.call("GET", "/v1/sandboxes", None)?;
+    let candidates = list.as_array().into_iter().flatten().filter_map(|s| {
+        Some(Candidate {
+            id: s["id"].as_str()?,
+            image: s["image"].as_str()?,
+            manifest: s["manifest"].as_str()?,
+            stopped: s["state"] == "stopped",
+        })
+    });
+    let query = match (purge, req.force) {
+        (true, true) => "?purge=1&force=1",
+        (true, false) => "?purge=1",
+        (false, _) => "",
+    };
+    let (mut removed, mut failed) = (Vec::new(), Vec::new());
+    for id in req.select_among(candidates, purge) {
+        match c.call("DELETE", &format!("/v1/sandboxes/{id}{query}"), None) {
+            Ok(v) => removed.push(v),
+            Err(ClientError::Api { kind, message, .. }) => {
+                failed.push(json!({"id": id, "error": message, "kind": kind}))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(json!({"removed": removed, "failed": failed, "purge": purge}))
 }
 
 /// `strata daemon ...`.
@@ -278,3 +325,7 @@ pub fn bundle(socket: &Path, image: &str, id: &str, dir: &Path, cmd: &[String]) 
     println!("{}", dir.display());
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "node_tests.rs"]
+mod tests;

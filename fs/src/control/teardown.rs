@@ -217,23 +217,49 @@ pub struct DeleteRequest {
     pub force: bool,
 }
 
+/// A sandbox as a batch selection sees it: the daemon's own records, or `GET /v1/sandboxes` as a
+/// client reads it (a CLI newer than its daemon selects by itself: `strata rm` in tools/).
+pub struct Candidate<'a> {
+    pub id: &'a str,
+    /// The image as it was asked for (a tag or a manifest digest).
+    pub image: &'a str,
+    /// The manifest digest.
+    pub manifest: &'a str,
+    pub stopped: bool,
+}
+
 impl DeleteRequest {
-    /// The ids selected, each once, in the order given then the node's order.
-    fn select(&self, d: &Daemon, purge: bool) -> Vec<String> {
+    /// The ids selected among `sandboxes`, each once, in the order given then the node's order.
+    pub fn select_among<'a>(
+        &self,
+        sandboxes: impl IntoIterator<Item = Candidate<'a>>,
+        purge: bool,
+    ) -> Vec<String> {
         let mut out = self.ids.clone();
-        for sb in d.sandboxes() {
+        for sb in sandboxes {
             let by_image = self
                 .image
                 .as_ref()
-                .is_some_and(|i| *i == sb.image || *i == sb.manifest.to_string());
-            let stopped = sb.state == SandboxState::Stopped;
-            if (self.all || by_image || (self.stopped && stopped)) && (purge || !stopped) {
-                out.push(sb.id);
+                .is_some_and(|i| i == sb.image || i == sb.manifest);
+            if (self.all || by_image || (self.stopped && sb.stopped)) && (purge || !sb.stopped) {
+                out.push(sb.id.to_string());
             }
         }
         let mut seen = std::collections::HashSet::new();
         out.retain(|id| seen.insert(id.clone()));
         out
+    }
+
+    fn select(&self, d: &Daemon, purge: bool) -> Vec<String> {
+        let sbs = d.sandboxes();
+        let manifests: Vec<String> = sbs.iter().map(|s| s.manifest.to_string()).collect();
+        let candidates = sbs.iter().zip(&manifests).map(|(sb, m)| Candidate {
+            id: &sb.id,
+            image: &sb.image,
+            manifest: m,
+            stopped: sb.state == SandboxState::Stopped,
+        });
+        self.select_among(candidates, purge)
     }
 }
 
