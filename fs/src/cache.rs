@@ -43,14 +43,16 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::num::NonZeroU64;
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
+use rustix::fs::{fadvise, fallocate, Advice, FallocateFlags};
 use strata_registry::digest::Digest;
+use strata_registry::store::direct;
 
 /// Largest segment file (a chunk larger than this gets a segment of its own).
 pub const SEGMENT_BYTES: u64 = 256 << 20;
@@ -114,6 +116,9 @@ struct Entry {
 /// One segment file and its index.
 struct Segment {
     data: Arc<File>,
+    /// The same file opened for direct I/O, which chunk reads use (`crate::pagecache`); `None` where
+    /// the filesystem refuses it.
+    direct: Option<Arc<File>>,
     index: File,
     /// Chunks stored in it (including ones being written).
     live: u64,
@@ -329,6 +334,7 @@ impl ChunkCache {
             let data = Arc::new(data);
             let seg = Segment {
                 data,
+                direct: direct::open(&path).ok().map(Arc::new),
                 index,
                 live: n,
             };
@@ -462,16 +468,13 @@ impl ChunkCache {
         // A lost drop record only means the chunk is found, and fails its check, after a restart.
         let _ = s.index.write_all(&record(DROP, d, offset, size));
         let len = size.div_ceil(ALIGN) * ALIGN;
-        // SAFETY: fallocate on a descriptor the segment owns; no pointers involved. Failing (no hole
-        // support) only delays freeing the space until the segment goes.
-        unsafe {
-            libc::fallocate(
-                s.data.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                offset as libc::off_t,
-                len as libc::off_t,
-            );
-        }
+        // Failing (no hole support) only delays freeing the space until the segment goes.
+        let _ = fallocate(
+            &*s.data,
+            FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+            offset,
+            len,
+        );
     }
 
     /// Evicts least recently used chunks until `used <= target`.
@@ -510,16 +513,11 @@ impl ChunkCache {
             let Some(s) = st.segments.get(&e.seg) else {
                 return;
             };
-            (s.data.clone(), e.offset, e.size)
+            (s.direct.is_none().then(|| s.data.clone()), e.offset, e.size)
         };
-        // SAFETY: fadvise on a descriptor the segment owns; no pointers involved. Only a hint.
-        unsafe {
-            libc::posix_fadvise(
-                file.as_raw_fd(),
-                offset as libc::off_t,
-                size as libc::off_t,
-                libc::POSIX_FADV_WILLNEED,
-            );
+        // Through the page cache only: a direct read would not use the pages, and would leave them.
+        if let (Some(file), Some(size)) = (file, NonZeroU64::new(size)) {
+            let _ = fadvise(&*file, offset, Some(size), Advice::WillNeed);
         }
         let _ = self.ahead.try_send(*d);
     }
@@ -546,7 +544,10 @@ impl ChunkCache {
                     bytes,
                 });
             }
-            let file = st.segments.get(&place.0).map(|s| s.data.clone());
+            let file = st
+                .segments
+                .get(&place.0)
+                .map(|s| (s.data.clone(), s.direct.clone()));
             let check = st.checking.entry(*d).or_default().clone();
             (check, file, place)
         };
@@ -554,7 +555,7 @@ impl ChunkCache {
         let bytes = check
             .get_or_init(|| {
                 mine = true;
-                self.read_checked(d, file.as_deref(), offset, size)
+                self.read_checked(d, file.as_ref(), offset, size)
             })
             .clone();
         if mine {
@@ -569,19 +570,30 @@ impl ChunkCache {
     }
 
     /// Reads a chunk from its place in a segment and checks it against its digest.
+    /// `file`: the segment, and the same opened for direct I/O (used when there is one).
     fn read_checked(
         &self,
         d: &Digest,
-        file: Option<&File>,
+        file: Option<&(Arc<File>, Option<Arc<File>>)>,
         offset: u64,
         size: u64,
     ) -> Option<Arc<[u8]>> {
-        let file = file?;
-        // Read straight into the shared allocation (a `Vec` turned into an `Arc<[u8]>` is copied).
-        let mut b: Arc<[u8]> = std::iter::repeat_n(0u8, usize::try_from(size).ok()?).collect();
-        let read = file.read_exact_at(Arc::get_mut(&mut b)?, offset);
-        crate::pagecache::drop_range(file, offset, size);
-        read.ok()?;
+        let (file, direct) = file?;
+        let len = usize::try_from(size).ok()?;
+        let direct = direct
+            .as_ref()
+            .and_then(|f| direct::read(f, offset, len).ok());
+        let b: Arc<[u8]> = match direct {
+            Some((buf, start)) => Arc::from(&buf[start..start + len]),
+            None => {
+                // Straight into the shared allocation (a `Vec` turned into an `Arc<[u8]>` is copied).
+                let mut b: Arc<[u8]> = std::iter::repeat_n(0u8, len).collect();
+                let read = file.read_exact_at(Arc::get_mut(&mut b)?, offset);
+                crate::pagecache::drop_range(file, offset, size);
+                read.ok()?;
+                b
+            }
+        };
         self.stats.checked.fetch_add(1, Ordering::Relaxed);
         d.matches(&b).then_some(b)
     }
@@ -642,6 +654,7 @@ impl ChunkCache {
                 let data = Arc::new(data);
                 let seg = Segment {
                     data,
+                    direct: direct::open(&path).ok().map(Arc::new),
                     index,
                     live: 0,
                 };

@@ -8,8 +8,14 @@
 //! cold — the cache keeps verified chunks it hands out in its own small in-memory set, and a page evicted
 //! from EROFS comes back through the cache, which reads the segment from disk — so they are dropped:
 //!
-//! - **reads** of a segment or a store blob are followed by `POSIX_FADV_DONTNEED` on the range read:
-//!   clean pages go at once;
+//! - **reads** of a chunk cache segment, and of a `file://` store's blobs, use direct I/O
+//!   ([`strata_registry::store::direct`]): chunks sit at
+//!   4 KiB-aligned offsets, so a chunk is one aligned read that leaves no page behind and drops none of
+//!   its neighbours'. (The first version read through the page cache and dropped a 2 MiB-widened range
+//!   after each read — which also dropped the next chunk's pages the checking thread had just read
+//!   ahead: warm sequential reads fell from 1,177 to 671 MB/s in `benches/loopmode.py`.) Where the
+//!   filesystem refuses `O_DIRECT`, reads are followed by
+//!   `POSIX_FADV_DONTNEED` on the range read: clean pages go at once;
 //! - **writes** of a segment leave dirty pages, which `DONTNEED` cannot drop until they are written back
 //!   (the kernel writes them after ~30 s). A *settler* thread takes each range written, waits for its
 //!   writeback (`sync_file_range`) and then drops it — off the reader's path: a cold read waits for the
@@ -17,33 +23,14 @@
 //!   the range at once instead, which starts its writeback and leaves it to the next read's drop.
 
 use std::fs::File;
-use std::num::NonZeroU64;
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 
-use rustix::fs::{fadvise, Advice};
-
 /// Ranges waiting for the settler at most.
 const QUEUE: usize = 256;
 
-/// The step ranges are widened to: the kernel drops only whole folios inside a range, and a file
-/// written or read in pieces is cached in large folios (up to 2 MiB) that straddle the pieces' edges.
-/// Dropping a neighbour's pages too costs nothing: every page of these files is cold.
-const STEP: u64 = 2 << 20;
-
-/// Drops the pages of `len` bytes at `offset` of `file` (widened to whole [`STEP`]s) from the page
-/// cache. Best effort: a failure only leaves them cached.
-pub fn drop_range(file: &File, offset: u64, len: u64) {
-    let start = offset / STEP * STEP;
-    let end = offset
-        .saturating_add(len)
-        .div_ceil(STEP)
-        .saturating_mul(STEP);
-    if let Some(len) = NonZeroU64::new(end.saturating_sub(start)) {
-        let _ = fadvise(file, start, Some(len), Advice::DontNeed);
-    }
-}
+pub use strata_registry::store::direct::{drop_pages as drop_range, DROP_STEP as STEP};
 
 /// Waits until the range's dirty pages are on disk (then they are clean, and droppable).
 fn write_back(file: &File, offset: u64, len: u64) {

@@ -211,6 +211,9 @@ impl ObjectStoreBackend {
 
     /// A range read without a deadline: exactly `range`, or why not.
     async fn read_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
+        if let Some(b) = self.read_local_direct(key, &range).await {
+            return Ok(b);
+        }
         let p = Path::from(key);
         if range.start >= range.end {
             let size = self
@@ -231,18 +234,30 @@ impl ObjectStoreBackend {
         }
     }
 
+    /// A local store's range, read with direct I/O (`super::direct`: no page is left in the page
+    /// cache, none is dropped); `None` for anything but a whole range read that way — a filesystem
+    /// without `O_DIRECT`, a missing object, a range past its end — which the ordinary path then reads,
+    /// or reports.
+    async fn read_local_direct(&self, key: &str, range: &Range<u64>) -> Option<Bytes> {
+        let path = self.local.as_ref()?.join(key);
+        let (offset, len) = (range.start, usize::try_from(range.end - range.start).ok()?);
+        let read = tokio::task::spawn_blocking(move || {
+            let f = super::direct::open(&path)?;
+            let (buf, at) = super::direct::read(&f, offset, len)?;
+            // Pages a writer on this machine left (a build into this store) go too.
+            super::direct::drop_pages(&f, offset, len as u64);
+            Ok::<_, std::io::Error>(Bytes::from(buf).slice(at..at + len))
+        });
+        read.await.ok()?.ok()
+    }
+
     /// A local store's range was read for a node's chunk cache or a reader that keeps its own copy:
     /// its pages leave the page cache (a byte should be in memory once; see `strata_fs::pagecache`).
     /// Best effort: a failure only leaves them cached.
     fn drop_pages(&self, key: &str, range: &Range<u64>) {
         let Some(root) = &self.local else { return };
-        // Widened to whole 2 MiB steps: the kernel drops only whole folios inside the range, and a file
-        // read in pieces is cached in large folios that straddle the pieces' edges.
-        const STEP: u64 = 2 << 20;
-        let start = range.start / STEP * STEP;
-        let len = std::num::NonZeroU64::new(range.end.div_ceil(STEP) * STEP - start);
         if let Ok(f) = std::fs::File::open(root.join(key)) {
-            let _ = rustix::fs::fadvise(&f, start, len, rustix::fs::Advice::DontNeed);
+            super::direct::drop_pages(&f, range.start, range.end - range.start);
         }
     }
 

@@ -33,6 +33,7 @@
 mod backend;
 #[doc(hidden)]
 pub mod conformance;
+pub mod direct;
 pub mod fault;
 mod frames;
 mod image_size;
