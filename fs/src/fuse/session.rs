@@ -10,8 +10,8 @@
 //! records, or, where the kernel cannot, answers them itself from the records.
 //!
 //! Both filesystems served here are read-only, so a `close(2)` must never wait for a server: every
-//! open is answered with `FOPEN_NOFLUSH` and a `FLUSH` (kernels before 5.16) with `ENOSYS`, after
-//! which the kernel sends none on that connection. Without this a process closing a file of a `fuse`
+//! open is answered with `FOPEN_NOFLUSH` and a `FLUSH` (kernels before 5.16, and zero-message opens:
+//! [`Options::immutable`]) with `ENOSYS`, after which the kernel sends none on that connection. Without this a process closing a file of a `fuse`
 //! mode tree (or running `execve`, which closes inherited descriptors) while the server restarts would
 //! wait for the successor — found when a restarting server's own fork child waited on a dead one.
 
@@ -66,6 +66,13 @@ pub struct Options {
     pub max_background: u16,
     /// How long the kernel may cache lookups and attributes.
     pub ttl: Duration,
+    /// The tree never changes (a layer's; not the blob server's directory, which gains files as layers
+    /// are mounted). Then the kernel may remember missing names as long as present ones (a lookup of a
+    /// name that is not there is answered as a negative entry, node 0 with [`Options::ttl`], not
+    /// `ENOENT`), and opens cost no message: `OPEN` and `OPENDIR` are answered `ENOSYS`, after which the
+    /// kernel opens files with `FOPEN_KEEP_CACHE` and directories with `FOPEN_CACHE_DIR` by itself (its
+    /// zero-message opens, FUSE 7.23 and 7.29; we need 7.31) and sends no `RELEASE` either.
+    pub immutable: bool,
     /// This session takes over a connection another server served: get back what that one left.
     pub adopt: bool,
     /// Never ask the kernel to resend (answer a predecessor's requests from the journal, as on a
@@ -83,6 +90,7 @@ impl Default for Options {
             // reads there (they wait in the server's per-blob queues instead, holding only memory).
             max_background: 1024,
             ttl: Duration::from_secs(3600),
+            immutable: false,
             adopt: false,
             no_resend: false,
         }
@@ -377,6 +385,18 @@ impl<F: Filesystem> Worker<F> {
                     };
                     reply.data(&[e.as_bytes()]);
                 }
+                // A negative entry the kernel keeps: programs probe many names that are not there
+                // (an interpreter's module search), each a round trip otherwise.
+                Err(Errno::NOENT) if self.opts.immutable => {
+                    let (s, ns) = ttl(self.opts.ttl);
+                    let e = proto::EntryOut {
+                        nodeid: 0,
+                        entry_valid: s,
+                        entry_valid_nsec: ns,
+                        ..Default::default()
+                    };
+                    reply.data(&[e.as_bytes()]);
+                }
                 Err(e) => reply.error(e),
             },
             op::GETATTR => match self.fs.getattr(ino) {
@@ -392,6 +412,7 @@ impl<F: Filesystem> Worker<F> {
                 }
                 Err(e) => reply.error(e),
             },
+            op::OPEN | op::OPENDIR if self.opts.immutable => reply.error(Errno::NOSYS),
             op::OPEN | op::OPENDIR => {
                 let flags = req.arg::<proto::OpenIn>().map_or(0, |o| o.flags);
                 let r = match h.opcode {

@@ -166,3 +166,55 @@ fn a_stopped_session_leaves_requests_unanswered_for_a_successor() {
     drop(kernel);
     s2.join();
 }
+
+#[test]
+fn an_immutable_tree_caches_missing_names_and_opens_without_messages() {
+    let (kernel, server) = pair();
+    let opts = Options {
+        immutable: true,
+        ..Options::default()
+    };
+    let s = Session::start(
+        Arc::new(Channel::from_fd(server)),
+        Arc::new(Fake::default()),
+        1,
+        opts,
+    )
+    .expect("start");
+    // A missing name: node 0 with a timeout (a negative entry the kernel keeps), not ENOENT.
+    send(&kernel, op::LOOKUP, 30, 1, b"nope\0");
+    let (h, body) = recv(&kernel);
+    let e = EntryOut::read_from_prefix(&body).expect("entry").0;
+    assert_eq!((h.error, e.nodeid, e.entry_valid), (0, 0, 3600));
+    // Opens are ENOSYS: the kernel then opens by itself, with KEEP_CACHE and CACHE_DIR.
+    send(&kernel, op::OPEN, 31, 5, &[0; 8]);
+    assert_eq!(recv(&kernel).0.error, -libc::ENOSYS);
+    send(&kernel, op::OPENDIR, 32, 1, &[0; 8]);
+    assert_eq!(recv(&kernel).0.error, -libc::ENOSYS);
+    drop(kernel);
+    s.join();
+}
+
+#[test]
+fn a_close_never_waits_for_the_server() {
+    let (kernel, server) = pair();
+    let s = Session::start(
+        Arc::new(Channel::from_fd(server)),
+        Arc::new(Fake::default()),
+        1,
+        Options::default(),
+    )
+    .expect("start");
+    // Every open says: no FLUSH on close; a FLUSH is ENOSYS, after which the kernel sends none.
+    send(&kernel, op::OPEN, 31, 5, &[0; 8]);
+    let (_, body) = recv(&kernel);
+    let o = proto::OpenOut::read_from_prefix(&body).expect("open").0;
+    assert_eq!(o.open_flags, proto::FOPEN_KEEP_CACHE | proto::FOPEN_NOFLUSH);
+    send(&kernel, op::FLUSH, 32, 5, &[0; 24]);
+    assert_eq!(recv(&kernel).0.error, -libc::ENOSYS);
+    // A missing name of a tree that may change is ENOENT, remembered nowhere.
+    send(&kernel, op::LOOKUP, 33, 1, b"nope\0");
+    assert_eq!(recv(&kernel).0.error, -libc::ENOENT);
+    drop(kernel);
+    s.join();
+}

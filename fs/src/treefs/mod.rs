@@ -386,8 +386,10 @@ pub fn serve(
     fs: TreeFs,
     target: &Path,
     opts: &TreeOptions,
-    session: Options,
+    mut session: Options,
 ) -> Result<TreeMount, TreeError> {
+    // A layer's tree never changes: missing names cached, opens without a message.
+    session.immutable = true;
     let session = Session::start(chan, Arc::new(fs), opts.threads, session).map_err(|source| {
         TreeError::Io {
             path: target.to_path_buf(),
