@@ -589,7 +589,7 @@ impl ChunkCache {
                 // Straight into the shared allocation (a `Vec` turned into an `Arc<[u8]>` is copied).
                 let mut b: Arc<[u8]> = std::iter::repeat_n(0u8, len).collect();
                 let read = file.read_exact_at(Arc::get_mut(&mut b)?, offset);
-                crate::pagecache::drop_range(file, offset, size);
+                crate::pagecache::drop_pages(file, offset, size);
                 read.ok()?;
                 b
             }

@@ -30,7 +30,7 @@ use std::sync::Arc;
 /// Ranges waiting for the settler at most.
 const QUEUE: usize = 256;
 
-pub use strata_registry::store::direct::{drop_pages as drop_range, DROP_STEP as STEP};
+pub use strata_registry::store::direct::{drop_pages, DROP_STEP};
 
 /// Waits until the range's dirty pages are on disk (then they are clean, and droppable).
 fn write_back(file: &File, offset: u64, len: u64) {
@@ -64,19 +64,19 @@ impl Settler {
     pub fn written(&self, file: &Arc<File>, offset: u64, len: u64) {
         match self.queue.try_send((file.clone(), offset, len)) {
             Ok(()) | Err(TrySendError::Disconnected(_)) => {}
-            Err(TrySendError::Full(_)) => drop_range(file, offset, len),
+            Err(TrySendError::Full(_)) => drop_pages(file, offset, len),
         }
     }
 }
 
 fn settle(rx: Receiver<(Arc<File>, u64, u64)>) {
     for (file, offset, len) in rx {
-        let start = offset / STEP * STEP;
+        let start = offset / DROP_STEP * DROP_STEP;
         let end = offset
             .saturating_add(len)
-            .div_ceil(STEP)
-            .saturating_mul(STEP);
+            .div_ceil(DROP_STEP)
+            .saturating_mul(DROP_STEP);
         write_back(&file, start, end - start);
-        drop_range(&file, offset, len);
+        drop_pages(&file, offset, len);
     }
 }

@@ -10,6 +10,7 @@
 pub mod blobread;
 pub mod config;
 pub mod digest;
+pub mod fsutil;
 pub mod gc;
 pub mod index;
 pub mod model;

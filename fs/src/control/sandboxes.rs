@@ -11,7 +11,6 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 use strata_registry::digest::Digest;
@@ -181,9 +180,7 @@ impl Daemon {
             rootfs,
             upper,
             work,
-            created: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            created: crate::control::state::unix_now(),
             image_bytes,
             state: SandboxState::Running,
             config: m.config.clone(),

@@ -99,6 +99,13 @@ pub struct NodeState {
     dir: PathBuf,
 }
 
+/// Seconds since the Unix epoch (a record's `created`).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// Threads reading sandbox records at start.
 const READERS: usize = 16;
 
@@ -113,20 +120,11 @@ fn read_record(p: &Path) -> Result<Sandbox, StateError> {
 /// Writes `bytes` to `path` so that a crash leaves the old or the new content. The file is 0600 from
 /// its creation: records hold image configs (an image's env may carry secrets), never for other users.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(bytes)
+    let how = strata_registry::fsutil::Atomic {
+        mode: 0o600,
+        sync: false,
     };
-    write().map_err(|e| io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io(path, e))
+    strata_registry::fsutil::write_atomic(path, bytes, how).map_err(|e| io(path, e))
 }
 
 impl NodeState {

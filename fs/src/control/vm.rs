@@ -29,7 +29,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 use strata_registry::digest::Digest;
@@ -241,9 +240,7 @@ impl Daemon {
             rootfs: PathBuf::new(),
             upper: scratch,
             work: dir,
-            created: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            created: crate::control::state::unix_now(),
             image_bytes,
             state: SandboxState::Running,
             config: m.config.clone(),

@@ -13,7 +13,7 @@
 //! and the file is rewritten atomically with mode 0600 (it holds secrets).
 
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -175,24 +175,13 @@ fn write_config(path: &Path, v: &serde_json::Value) -> Result<(), OciError> {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
         }
     }
-    let tmp = path.with_extension(format!("strata-tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        let mut text = serde_json::to_vec_pretty(v).unwrap_or_default();
-        text.push(b'\n');
-        f.write_all(&text)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(io)
+    let mut text = serde_json::to_vec_pretty(v).unwrap_or_default();
+    text.push(b'\n');
+    let how = strata_registry::fsutil::Atomic {
+        mode: 0o600,
+        sync: true,
+    };
+    strata_registry::fsutil::write_atomic(path, &text, how).map_err(io)
 }
 
 fn config_path() -> Result<PathBuf, OciError> {

@@ -135,9 +135,11 @@ fn put_blob(dir: &Path, bytes: &[u8]) -> Result<(Sha256Digest, u64), ExportError
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ExportError> {
-    let tmp = path.with_extension(format!("strata-tmp-{}", std::process::id()));
-    fs::write(&tmp, bytes)
-        .and_then(|_| fs::rename(&tmp, path))
+    let how = strata_registry::fsutil::Atomic {
+        mode: 0o644,
+        sync: false,
+    };
+    strata_registry::fsutil::write_atomic(path, bytes, how)
         .map_err(|e| ExportError::io(path.display().to_string(), e))
 }
 
