@@ -130,7 +130,7 @@ impl BlobTable {
         self.handle(&d)
     }
 
-    fn all(&self) -> Vec<Arc<BlobHandle>> {
+    pub(crate) fn all(&self) -> Vec<Arc<BlobHandle>> {
         let t = self.inner.read().unwrap_or_else(|p| p.into_inner());
         let mut v: Vec<_> = t.values().cloned().collect();
         v.sort_by_key(|b| b.blob.digest);

@@ -5,7 +5,9 @@
 //! layer's whole tree from its metadata (the `fuse` mount mode, for kernels whose EROFS cannot mount
 //! it); a read is served from the chunk [`cache`] on a FUSE worker or, when it must fetch, by the
 //! [`fetch`]er on the blob's own threads ([`slowread`]) under a deadline — verified either way, its
-//! pages kept out of the page cache where the kernel keeps its own ([`pagecache`]). Misses are charged
+//! pages kept out of the page cache where the kernel keeps its own ([`pagecache`]). In `fanotify` mode
+//! ([`fanotify`]) EROFS reads local view files instead and the kernel asks before reading a range the
+//! daemon may not have filled yet. Misses are charged
 //! to the sandbox whose process read ([`attribution`]); [`metrics`] counts; [`warming`] fetches an
 //! image's prefetch plan in the background. [`mount`] and [`loopdev`] are the kernel calls that
 //! mount EROFS and bind loop devices; [`metadir`], [`metafile`], [`size`], [`process`] and
@@ -25,6 +27,7 @@ pub mod blobfs;
 pub mod cache;
 pub mod control;
 pub mod error_kind;
+pub mod fanotify;
 pub mod fetch;
 pub mod fuse;
 pub mod kernelcheck;

@@ -11,7 +11,7 @@ pub mod readers;
 pub mod registry;
 pub mod vm;
 
-pub use daemon::Daemon;
+pub use daemon::{test_mount_mode, Daemon};
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr};

@@ -196,6 +196,8 @@ pub struct Daemon {
     pub(crate) trash: crate::control::teardown::Trash,
     /// `fuse` mode's tree connections, and where they are kept for successors.
     pub(crate) trees: Trees,
+    /// `fanotify` mode's pre-content server and view files.
+    pub(crate) views: Option<Arc<crate::fanotify::Server>>,
 }
 
 pub(crate) fn valid_id(id: &str) -> bool {
@@ -304,6 +306,21 @@ impl Daemon {
         );
         fetcher.max_behind = config.max_fetch_behind;
         let fetcher = Arc::new(fetcher);
+        let (fan_kept, fds) = crate::control::views::take_kept(kept.fds);
+        let kept = Kept {
+            fds,
+            keeper: kept.keeper,
+        };
+        let views = match mode {
+            MountMode::Fanotify => Some(crate::control::views::start(
+                &config.state_dir,
+                fan_kept,
+                fetcher.clone(),
+                metrics.clone(),
+                kept.keeper.as_deref(),
+            )?),
+            _ => None,
+        };
         let table = Arc::new(BlobTable::default());
         let warming = Warming::new(
             store.clone(),
@@ -338,6 +355,7 @@ impl Daemon {
             loops: Loops::new(config_loop_dio),
             trash,
             trees: Trees::new(kept),
+            views,
         });
         // Every running sandbox's blobs are registered before the first request is read.
         d.restore()?;
@@ -358,6 +376,7 @@ impl Daemon {
         let session = Session::start(d.chan.clone(), Arc::new(fs), d.config.fuse_threads, opts)
             .map_err(|e| io(&d.config.runtime_dir, e))?;
         *d.fuse.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
+        d.serve_views();
         d.adopt_trees();
         d.remount_held_layers();
         d.start_flushing();
@@ -406,14 +425,10 @@ impl Daemon {
         let (desc, meta_path) = self.fetch_layer(d)?;
         let bytes = desc.meta.size + desc.blobs.iter().map(|b| b.size).sum::<u64>();
         let fetched = started.elapsed();
-        let devices: Vec<PathBuf> = desc
-            .blobs
-            .iter()
-            .map(|b| self.blob_path(&b.digest))
-            .collect();
+        let blobs: Vec<Digest> = desc.blobs.iter().map(|b| b.digest).collect();
         let target = self.config.runtime_dir.join("layers").join(d.hex());
         std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
-        self.mount_layer(d, &meta_path, &devices, &target)?;
+        self.mount_layer(d, &meta_path, &blobs, &target)?;
         tracing::debug!(layer = %d, fetched_ms = fetched.as_millis() as u64,
             mounted_ms = started.elapsed().as_millis() as u64, "layer mounted");
         self.lock().layers.insert(
@@ -614,6 +629,7 @@ impl Daemon {
             "mount_modes": self.mode_report,
             "loop_devices": self.loop_devices(),
             "fuse": fuse,
+            "fanotify": self.views.as_ref().map(|v| v.status()),
             "running": running,
             "fetched_unattributed": unattributed,
             "store": self.config.store,
@@ -672,6 +688,9 @@ impl Daemon {
     pub fn stop_serving(&self) {
         self.warming.stop();
         self.trees.stop_all();
+        if let Some(v) = &self.views {
+            v.stop();
+        }
         if let Some(s) = self.fuse.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             s.stop();
         }
@@ -698,6 +717,9 @@ impl Daemon {
             let _ = mount::unmount(&p, true);
         }
         self.trees.clear();
+        if let Some(v) = &self.views {
+            v.stop();
+        }
         if let Some(s) = self.fuse.lock().unwrap_or_else(|p| p.into_inner()).take() {
             s.stop();
             if let Err(e) = mount::unmount(&self.config.runtime_dir.join("fuse"), true) {

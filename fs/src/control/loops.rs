@@ -96,20 +96,31 @@ pub fn devices_under(dirs: &[PathBuf]) -> Vec<Bound> {
 
 impl Daemon {
     /// Mounts a layer's EROFS at `target` in this node's mode: its metadata file `meta` with the blob
-    /// files `blobs` as devices (`file`), or loop devices of them (`loop`); or its tree served over FUSE
-    /// (`fuse`), the connection kept for successors ([`crate::control::trees`]).
+    /// server's files of `blobs` as devices (`file`), or loop devices of them (`loop`), or the blobs'
+    /// local view files (`fanotify`); or its tree served over FUSE (`fuse`), the connection kept for
+    /// successors ([`crate::control::trees`]).
     pub(crate) fn mount_layer(
         &self,
         layer: &Digest,
         meta: &Path,
-        blobs: &[PathBuf],
+        blobs: &[Digest],
         target: &Path,
     ) -> Result<(), DaemonError> {
         if self.mode != MountMode::Fuse {
             crate::kernelcheck::check_layer(meta)?;
         }
+        let blobs: Vec<PathBuf> = match self.mode {
+            MountMode::Fanotify => blobs
+                .iter()
+                .map(|d| self.view_path(d))
+                .collect::<Result<_, _>>()?,
+            _ => blobs.iter().map(|d| self.blob_path(d)).collect(),
+        };
+        let blobs = &blobs[..];
         match self.mode {
-            MountMode::File => Ok(mount::mount_erofs_with(meta, blobs, target, true)?),
+            MountMode::File | MountMode::Fanotify => {
+                Ok(mount::mount_erofs_with(meta, blobs, target, true)?)
+            }
             MountMode::Loop => {
                 let dev = |p: &Path| {
                     self.loops.device(p).map_err(|e| DaemonError::Io {

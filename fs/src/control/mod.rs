@@ -9,7 +9,8 @@
 //! reach the socket and the blob files), [`fetched`] (bytes fetched per sandbox, kept in its record).
 //! How a layer is mounted is [`modes`]' choice, probed from the kernel at start: kernel EROFS over the
 //! blob files (`file`), over loop devices of them ([`loops`]: `loop`), or the layer's tree served over
-//! FUSE ([`trees`]: `fuse`, its connections kept across server restarts). [`api`] is the HTTP adapter
+//! FUSE ([`trees`]: `fuse`, its connections kept across server restarts), or over local view files the
+//! kernel asks the daemon to fill ([`views`]: `fanotify`). [`api`] is the HTTP adapter
 //! on the control socket: it parses requests, calls the daemon, and answers with the status of the
 //! error's kind ([`crate::error_kind`]).
 //!
@@ -29,6 +30,7 @@ pub mod sandboxes;
 pub mod state;
 pub mod teardown;
 pub mod trees;
+pub mod views;
 pub mod vm;
 
 #[cfg(test)]

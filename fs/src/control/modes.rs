@@ -5,9 +5,10 @@
 //! | `file` | file-backed EROFS (Linux 6.12+), FUSE | EROFS mounted on its metadata file, one `device=` per blob file on stratad's FUSE mount |
 //! | `loop` | multi-device EROFS on block devices (5.16+), loop devices, FUSE | EROFS on a loop device of its metadata file, one `device=` loop device per blob file ([`crate::control::loops`]) |
 //! | `fuse` | FUSE | stratad serves the layer's whole tree from its metadata (`crate::treefs`) |
+//! | `fanotify` | file-backed EROFS, fanotify pre-content events (6.14+) | EROFS mounted on its metadata file, one `device=` per blob's local view file, filled on the kernel's pre-content events ([`crate::fanotify`]) |
 //!
-//! `auto` (the default) probes at start what this kernel can do and takes the first mode of that list
-//! that works; the report says, for each better mode, why not (the missing kernel option or the
+//! `auto` (the default) probes at start what this kernel can do and takes the first of `file`, `loop`,
+//! `fuse` that works (`fanotify` only when asked for, until it has run in the field); the report says, for each better mode, why not (the missing kernel option or the
 //! errno a call answered). The probe is real and takes milliseconds: it writes a one-block EROFS image
 //! with one device slot ([`probe_image`]) to the state directory, mounts it file-backed with itself as
 //! its device, then on two loop devices of itself as source and device — each mount made and dropped
@@ -29,10 +30,11 @@ pub enum MountMode {
     File,
     Loop,
     Fuse,
+    Fanotify,
 }
 
 impl MountMode {
-    /// Every mode, the fastest first: the order `auto` tries them in.
+    /// The modes `auto` tries, the fastest first (`fanotify` is taken only when asked for).
     pub const BEST_FIRST: [MountMode; 3] = [MountMode::File, MountMode::Loop, MountMode::Fuse];
 
     /// Whether this stratad can mount layers this way.
@@ -45,6 +47,7 @@ impl MountMode {
             MountMode::File => "file",
             MountMode::Loop => "loop",
             MountMode::Fuse => "fuse",
+            MountMode::Fanotify => "fanotify",
         }
     }
 }
@@ -64,6 +67,7 @@ pub enum ModeRequest {
     File,
     Loop,
     Fuse,
+    Fanotify,
 }
 
 impl ModeRequest {
@@ -74,13 +78,14 @@ impl ModeRequest {
             ModeRequest::File => Some(MountMode::File),
             ModeRequest::Loop => Some(MountMode::Loop),
             ModeRequest::Fuse => Some(MountMode::Fuse),
+            ModeRequest::Fanotify => Some(MountMode::Fanotify),
         }
     }
 }
 
-/// A `mount_mode` value that is none of `auto`, `file`, `loop`, `fuse`.
+/// A `mount_mode` value that is none of `auto`, `file`, `loop`, `fuse`, `fanotify`.
 #[derive(Debug, thiserror::Error)]
-#[error("mount mode {0:?}: use auto, file, loop or fuse")]
+#[error("mount mode {0:?}: use auto, file, loop, fuse or fanotify")]
 pub struct BadMode(pub String);
 
 impl std::str::FromStr for ModeRequest {
@@ -107,6 +112,9 @@ pub struct Capabilities {
     pub file_backed: Lack,
     /// A multi-device EROFS image mounts on a loop device, with a loop device as its device.
     pub loop_devices: Lack,
+    /// A fanotify group takes pre-content (`FAN_PRE_ACCESS`) marks.
+    #[serde(default)]
+    pub pre_content: Lack,
 }
 
 /// Which mode a node runs in and why.
@@ -161,6 +169,11 @@ pub fn why_not(caps: &Capabilities, mode: MountMode) -> Lack {
         MountMode::File => caps.erofs.as_ref().or(caps.file_backed.as_ref()),
         MountMode::Loop => caps.erofs.as_ref().or(caps.loop_devices.as_ref()),
         MountMode::Fuse => None,
+        MountMode::Fanotify => caps
+            .erofs
+            .as_ref()
+            .or(caps.file_backed.as_ref())
+            .or(caps.pre_content.as_ref()),
     };
     match kernel {
         Some(k) => Some(k.clone()),
@@ -176,7 +189,11 @@ pub fn why_not(caps: &Capabilities, mode: MountMode) -> Lack {
 pub fn decide(caps: &Capabilities, requested: ModeRequest) -> ModeReport {
     let mut passed_over = Vec::new();
     let mut mode = None;
-    for m in MountMode::BEST_FIRST {
+    let order: &[MountMode] = match requested.forced() {
+        Some(MountMode::Fanotify) => &[MountMode::Fanotify],
+        _ => &MountMode::BEST_FIRST,
+    };
+    for &m in order {
         let reason = match (requested.forced(), why_not(caps, m)) {
             (Some(f), None) if f != m => Some(format!("mount_mode is {f}")),
             (_, r) => r,
@@ -239,6 +256,7 @@ impl ModeReport {
             format!("erofs         {}", show(&c.erofs)),
             format!("file-backed   {}", show(&c.file_backed)),
             format!("loop devices  {}", show(&c.loop_devices)),
+            format!("pre-content   {}", show(&c.pre_content)),
         ];
         let requested = serde_json::to_value(self.requested).unwrap_or_default();
         let requested = requested.as_str().unwrap_or("?");
@@ -247,7 +265,7 @@ impl ModeReport {
             None => format!("mount mode    none works (requested {requested})"),
         });
         for p in &self.passed_over {
-            out.push(format!("  not {:<5} {}", p.mode.name(), p.reason));
+            out.push(format!("  not {:<8} {}", p.mode.name(), p.reason));
         }
         out
     }
@@ -280,6 +298,7 @@ pub fn probe(dir: &Path) -> Capabilities {
         });
         caps.file_backed = caps.erofs.clone();
         caps.loop_devices = caps.erofs.clone();
+        caps.pre_content = caps.erofs.clone();
         return caps;
     }
     let image = dir.join(format!(".mode-probe-{}.erofs", std::process::id()));
@@ -289,11 +308,13 @@ pub fn probe(dir: &Path) -> Capabilities {
             image.display()
         ));
         caps.file_backed = lack.clone();
-        caps.loop_devices = lack;
+        caps.loop_devices = lack.clone();
+        caps.pre_content = lack;
         return caps;
     }
     caps.file_backed = probe_file_backed(&image);
     caps.loop_devices = probe_loop(&image);
+    caps.pre_content = crate::fanotify::sys::probe(&image);
     let _ = std::fs::remove_file(&image);
     caps
 }
@@ -461,6 +482,7 @@ mod tests {
             erofs: None,
             file_backed: lack(file, "ENOTBLK"),
             loop_devices: lack(looped, "no /dev/loop-control"),
+            pre_content: lack(file, "no pre-content events"),
         }
     }
 
@@ -534,6 +556,12 @@ mod tests {
         // Fuse forced: taken wherever FUSE is, the kernel modes passed over as forced.
         let r = decide(&caps(true, true, true), ModeRequest::Fuse);
         assert_eq!(r.mode, Some(MountMode::Fuse));
+        // Fanotify: only when asked for, and only where pre-content events are.
+        let r = decide(&caps(true, true, true), ModeRequest::Fanotify);
+        assert_eq!((r.mode, modes(&r)), (Some(MountMode::Fanotify), vec![]));
+        let r = decide(&caps(false, true, true), ModeRequest::Fanotify);
+        assert_eq!(r.mode, None);
+        assert!(r.usable().unwrap_err().to_string().contains("ENOTBLK"));
     }
 
     #[test]

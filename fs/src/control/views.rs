@@ -1,0 +1,110 @@
+//! `fanotify` mode in the daemon: starting the pre-content server ([`crate::fanotify`]), keeping its
+//! group for successors, and giving each layer mount its blobs' view files.
+//!
+//! The group and its event journal are kept by the node's keeper under [`fanotify::GROUP`] and
+//! [`fanotify::JOURNAL`], as tree connections are ([`crate::control::trees`]): a successor gets both
+//! back and adopts the group — its marks, the reads waiting on it and the ones its predecessor left
+//! unanswered. Before it reads an event, every blob of the node's mounted layers has its view file
+//! opened again ([`Daemon::serve_views`]), so no event finds a file the server does not know.
+//!
+//! View files live in `<state>/views/` (a local disk: they are the node's cache of uncompressed
+//! views; see `docs/DAEMON.md` for what bounds them).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use strata_registry::digest::Digest;
+
+use crate::control::daemon::{Daemon, DaemonError};
+use crate::control::trees::Keeper;
+use crate::fanotify::{self, Server};
+use crate::fetch::Fetcher;
+use crate::metrics::Metrics;
+
+/// Named kept descriptors, as a keeper hands them over.
+type Named = Vec<(String, OwnedFd)>;
+
+/// Splits a predecessor's kept group and journal out of the kept descriptors (the rest is returned).
+pub(crate) fn take_kept(fds: Named) -> (Option<(OwnedFd, OwnedFd)>, Named) {
+    let (mut group, mut journal, mut rest) = (None, None, Vec::new());
+    for (name, fd) in fds {
+        match name.as_str() {
+            fanotify::GROUP => group = Some(fd),
+            fanotify::JOURNAL => journal = Some(fd),
+            _ => rest.push((name, fd)),
+        }
+    }
+    let kept = match (group, journal) {
+        (Some(g), Some(j)) => Some((g, j)),
+        (Some(_), None) => {
+            tracing::error!("kept fanotify group without its journal: starting a new group");
+            None
+        }
+        _ => None,
+    };
+    (kept, rest)
+}
+
+/// Starts the server for a node in `fanotify` mode (not reading events yet), keeping a new group.
+pub(crate) fn start(
+    state_dir: &std::path::Path,
+    kept: Option<(OwnedFd, OwnedFd)>,
+    fetcher: Arc<Fetcher>,
+    metrics: Arc<Metrics>,
+    keeper: Option<&dyn Keeper>,
+) -> Result<Arc<Server>, DaemonError> {
+    let adopted = kept.is_some();
+    let dir = state_dir.join("views");
+    let server = Server::new(&dir, kept, fetcher, metrics).map_err(|e| DaemonError::Io {
+        path: dir.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    match (adopted, keeper) {
+        (true, _) => {}
+        (false, Some(k)) => {
+            for (name, fd) in server.kept() {
+                if let Err(e) = k.keep(name, &[fd]) {
+                    tracing::error!(name, error = %e,
+                        "cannot keep the fanotify group: reads waiting when this server dies fail");
+                }
+            }
+        }
+        (false, None) => tracing::warn!(
+            "no descriptor keeper: the fanotify group and its waiting reads end with this server"
+        ),
+    }
+    tracing::info!(
+        group = server.kept()[0].1.as_raw_fd(),
+        adopted,
+        "fanotify pre-content server"
+    );
+    Ok(Arc::new(server))
+}
+
+impl Daemon {
+    /// Blob `d`'s view file, watched (`fanotify` mode): what EROFS mounts as its device.
+    pub(crate) fn view_path(&self, d: &Digest) -> Result<PathBuf, DaemonError> {
+        let (Some(server), Some(blob)) = (&self.views, self.table.handle(d)) else {
+            return Err(DaemonError::Metadata(format!(
+                "blob {d} has no view file (not fanotify mode, or not served)"
+            )));
+        };
+        server.view(&blob).map_err(|e| DaemonError::Io {
+            path: server.views.path(d),
+            source: e,
+        })
+    }
+
+    /// Opens every served blob's view file, then starts reading events (`fanotify` mode).
+    pub(crate) fn serve_views(&self) {
+        let Some(server) = &self.views else { return };
+        for blob in self.table.all() {
+            if let Err(e) = server.view(&blob) {
+                tracing::error!(blob = %blob.blob.digest, error = %e,
+                    "cannot open a blob's view file: its reads fail");
+            }
+        }
+        server.run();
+    }
+}

@@ -1,0 +1,434 @@
+//! `fanotify` mount mode's data path: EROFS mounts local view files, the kernel asks before it reads.
+//!
+//! In `file` and `loop` modes every byte EROFS reads from a blob crosses FUSE, cached or not. Here each
+//! blob's uncompressed view is a local sparse file ([`views`]) that EROFS mounts directly (file-backed,
+//! `directio`); the files are watched by a *pre-content* fanotify group (Linux 6.14+). Before the
+//! kernel reads a range of a view file it reports a `FAN_PRE_ACCESS` event with the range and waits;
+//! the server makes sure every chunk in the range is in the file — fetch, decompress, verify, write —
+//! and only then allows the read. A range already filled is allowed at once by the thread that read
+//! the event: cached bytes are read by the kernel from the local file, with no copy through this
+//! process, and once read they sit in EROFS's page cache and cause no event at all.
+//!
+//! **No read sees a hole.** An event is allowed only after every chunk it covers was written and
+//! verified; a fetch that fails or misses the read deadline denies the read with `EIO`. The server's
+//! own accesses to a view file (see [`views`]) are the only events allowed unfilled.
+//!
+//! **Survival.** The group's descriptor is kept by the node's keeper (the holder or systemd's store,
+//! as FUSE connections are: name [`GROUP`]), so marks and waiting readers outlive a server. A read the
+//! kernel reported to a server that died waits in the group for an answer that only the dead server's
+//! descriptor number can give — the kernel matches answers by that number, not by the process. So each
+//! server records every event it takes in a journal kept beside the group ([`JOURNAL`]; the FUSE
+//! request journal's shared-memory slots, [`crate::fuse::journal`]): blob, range, reader and the
+//! descriptor number; cleared after the answer. A successor answers every recorded event once its
+//! range is filled. Until then it holds each recorded number in its own descriptor table (a
+//! placeholder `dup`ed to exactly that number, or the number is already taken): the kernel then cannot
+//! give the number to a new event, so no answer can reach an event it was not meant for (the kernel
+//! answers the oldest event of a number). Left open: an event read but not yet recorded when the server
+//! was killed (a window of a few instructions after `read` returns) is lost, and its reader waits
+//! until the group is closed; the FUSE journal closes that window by reading into shared memory, which
+//! fanotify's descriptor numbers make pointless (a successor could not map them to files).
+
+pub mod sys;
+pub mod views;
+
+use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use strata_registry::digest::Digest;
+
+use crate::fetch::{BlobHandle, Fetcher};
+use crate::fuse::journal::Journal;
+use crate::metrics::Metrics;
+use sys::{Answer, Group};
+use views::{FillError, ViewFile, Views};
+
+/// The keeper's name for the group's descriptor.
+pub const GROUP: &str = "fanotify-group";
+/// The keeper's name for the event journal's.
+pub const JOURNAL: &str = "fanotify-journal";
+/// Slots in the event journal: more than the fill workers ever have in flight.
+const JOURNAL_SLOTS: usize = 1024;
+/// Threads filling ranges (each waits on fetches; a local store keeps few busy).
+const WORKERS: usize = 16;
+/// Events read at a time.
+const BATCH: usize = 64;
+/// How often the event loop looks at its stop flag.
+const POLL_MS: i32 = 200;
+
+/// Counters for the metrics page and tests.
+#[derive(Default)]
+pub struct Stats {
+    /// Events allowed at once (every chunk already filled).
+    pub hits: AtomicU64,
+    /// Events that filled chunks first.
+    pub fills: AtomicU64,
+    /// Events denied (fetch failed or timed out).
+    pub denied: AtomicU64,
+    /// Events a predecessor left, answered by this server.
+    pub adopted: AtomicU64,
+}
+
+/// A range to fill, then answer.
+struct Job {
+    /// The event's descriptor, or for an event a predecessor left, the placeholder holding its number
+    /// (if this server had to take it): closed only after the answer, so that the number cannot go to
+    /// another event before.
+    fd: Option<OwnedFd>,
+    number: RawFd,
+    view: Arc<ViewFile>,
+    offset: u64,
+    count: u64,
+    pid: u32,
+    slot: Option<usize>,
+}
+
+/// The pre-content server of a node.
+pub struct Server {
+    group: Arc<Group>,
+    journal: Arc<Journal>,
+    pub views: Arc<Views>,
+    fetcher: Arc<Fetcher>,
+    metrics: Arc<Metrics>,
+    pub stats: Arc<Stats>,
+    stop: Arc<AtomicBool>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("fanotify pre-content group: {0}")]
+    Group(std::io::Error),
+    #[error("fanotify event journal: {0}")]
+    Journal(std::io::Error),
+    #[error("view files in {dir}: {source}")]
+    Views {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl Server {
+    /// A server on `kept` (a predecessor's group and journal, adopted) or on a new group. Does not
+    /// read events until [`Server::run`].
+    pub fn new(
+        views_dir: &Path,
+        kept: Option<(OwnedFd, OwnedFd)>,
+        fetcher: Arc<Fetcher>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Server, StartError> {
+        let (group, journal) = match kept {
+            Some((g, j)) => (
+                Group::from_fd(g),
+                Journal::from_fd(j).map_err(StartError::Journal)?,
+            ),
+            None => (
+                Group::new().map_err(StartError::Group)?,
+                Journal::create_with(JOURNAL_SLOTS).map_err(StartError::Journal)?,
+            ),
+        };
+        let views = Views::new(views_dir).map_err(|source| StartError::Views {
+            dir: views_dir.to_path_buf(),
+            source,
+        })?;
+        Ok(Server {
+            group: Arc::new(group),
+            journal: Arc::new(journal),
+            views: Arc::new(views),
+            fetcher,
+            metrics,
+            stats: Arc::default(),
+            stop: Arc::default(),
+            threads: Mutex::default(),
+        })
+    }
+
+    /// The descriptors to keep for successors: `(name, descriptor)`.
+    pub fn kept(&self) -> [(&'static str, std::os::fd::BorrowedFd<'_>); 2] {
+        [(GROUP, self.group.fd()), (JOURNAL, self.journal.fd())]
+    }
+
+    /// The view file of `blob`, watched: what EROFS mounts as the blob's device.
+    pub fn view(&self, blob: &Arc<BlobHandle>) -> std::io::Result<PathBuf> {
+        let g = self.group.clone();
+        Ok(self.views.open(blob, |p| g.mark(p))?.path.clone())
+    }
+
+    /// Answers what a predecessor left (every range filled first), then serves events until
+    /// [`Server::stop`]. Every blob whose view file may be read must have been opened ([`Server::view`])
+    /// before: events for files the server does not know are denied.
+    pub fn run(&self) {
+        let leftovers = self.leftover_jobs();
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        for i in 0..WORKERS {
+            let (rx, ctx) = (rx.clone(), self.context());
+            let t = std::thread::Builder::new()
+                .name(format!("fan-fill-{i}"))
+                .spawn(move || loop {
+                    let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    match job {
+                        Ok(job) => ctx.finish(job),
+                        Err(_) => break,
+                    }
+                });
+            match t {
+                Ok(t) => threads.push(t),
+                Err(e) => tracing::error!(error = %e, "cannot start a fill thread"),
+            }
+        }
+        for job in leftovers {
+            if let Err(mpsc::SendError(job)) = tx.send(job) {
+                self.context().finish(job);
+            }
+        }
+        let ctx = self.context();
+        let stop = self.stop.clone();
+        let views = self.views.clone();
+        match std::thread::Builder::new()
+            .name("fan-events".into())
+            .spawn(move || event_loop(&ctx, &views, &stop, &tx))
+        {
+            Ok(t) => threads.push(t),
+            Err(e) => tracing::error!(error = %e, "cannot start the fanotify event loop"),
+        }
+    }
+
+    /// Counters and the journal's state, for `GET /v1/status`.
+    pub fn status(&self) -> serde_json::Value {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        serde_json::json!({
+            "hits": n(&self.stats.hits),
+            "fills": n(&self.stats.fills),
+            "denied": n(&self.stats.denied),
+            "adopted": n(&self.stats.adopted),
+            "unrecorded": n(&self.journal.unrecorded),
+            "views": self.views.len(),
+        })
+    }
+
+    /// Stops reading events (a handover or shutdown); ranges being filled are finished and answered.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    fn context(&self) -> Context {
+        Context {
+            group: self.group.clone(),
+            journal: self.journal.clone(),
+            fetcher: self.fetcher.clone(),
+            metrics: self.metrics.clone(),
+            stats: self.stats.clone(),
+        }
+    }
+
+    /// Jobs for the events a predecessor read and did not answer, each number held (see the module
+    /// documentation). Call before reading new events.
+    fn leftover_jobs(&self) -> Vec<Job> {
+        let left = self.journal.leftovers();
+        if !left.is_empty() {
+            tracing::info!(
+                events = left.len(),
+                "answering reads a previous server left"
+            );
+        }
+        let mut jobs = Vec::new();
+        for l in left {
+            let Some((digest, offset, count, pid)) = decode(&l.bytes) else {
+                tracing::error!(slot = l.slot, "unreadable fanotify journal record: dropped");
+                self.journal.clear(l.slot);
+                continue;
+            };
+            let number = (l.unique - 1) as RawFd;
+            self.stats.adopted.fetch_add(1, Ordering::Relaxed);
+            let Some(view) = self.views.get(&digest) else {
+                tracing::error!(blob = %digest, "a left read of a blob this server does not serve: denied");
+                let _ = self.group.answer(number, Answer::Deny(libc::EIO));
+                self.journal.clear(l.slot);
+                continue;
+            };
+            jobs.push(Job {
+                fd: hold_number(number),
+                number,
+                view,
+                offset,
+                count,
+                pid,
+                slot: Some(l.slot),
+            });
+        }
+        jobs
+    }
+}
+
+/// Takes descriptor number `n` in this process with a placeholder, if it is free: `None` if it is
+/// already taken (then the kernel cannot give it to an event either).
+fn hold_number(n: RawFd) -> Option<OwnedFd> {
+    // SAFETY: F_GETFD only asks whether the number is open.
+    if n < 0 || unsafe { libc::fcntl(n, libc::F_GETFD) } >= 0 {
+        return None;
+    }
+    use std::os::fd::AsRawFd;
+    let placeholder = OwnedFd::from(std::fs::File::open("/dev/null").ok()?);
+    if placeholder.as_raw_fd() == n {
+        return Some(placeholder);
+    }
+    // F_DUPFD_CLOEXEC takes the lowest free number at or above `n`: exactly `n` unless another thread
+    // took it since the check (then it is taken, which is as good).
+    let got = rustix::io::fcntl_dupfd_cloexec(&placeholder, n).ok()?;
+    (got.as_raw_fd() == n).then_some(got)
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// What the event loop and the fill threads share.
+#[derive(Clone)]
+struct Context {
+    group: Arc<Group>,
+    journal: Arc<Journal>,
+    fetcher: Arc<Fetcher>,
+    metrics: Arc<Metrics>,
+    stats: Arc<Stats>,
+}
+
+impl Context {
+    /// Fills the chunks under a range: the answer to give.
+    fn fill(&self, view: &ViewFile, offset: u64, count: u64, pid: u32) -> Answer {
+        match view.fill(&self.fetcher, view.chunks_in(offset, count), pid) {
+            Ok(()) => {
+                self.stats.fills.fetch_add(1, Ordering::Relaxed);
+                Answer::Allow
+            }
+            Err(e) => {
+                self.stats.denied.fetch_add(1, Ordering::Relaxed);
+                self.metrics.error(match &e {
+                    FillError::Fetch(f) => f.kind(),
+                    _ => "cache",
+                });
+                tracing::warn!(blob = %view.blob.blob.digest, offset, count, error = %e,
+                    "read denied: range not filled");
+                Answer::Deny(libc::EIO)
+            }
+        }
+    }
+
+    fn finish(&self, job: Job) {
+        let answer = self.fill(&job.view, job.offset, job.count, job.pid);
+        self.answer(job.number, answer);
+        if let Some(s) = job.slot {
+            self.journal.clear(s);
+        }
+        drop(job.fd);
+    }
+
+    fn answer(&self, number: RawFd, answer: Answer) {
+        if let Err(e) = self.group.answer(number, answer) {
+            tracing::error!(fd = number, error = %e, "cannot answer a fanotify event");
+        }
+    }
+}
+
+fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender<Job>) {
+    let me = std::process::id();
+    let mut buf = vec![0u8; BATCH * sys::EVENT_WITH_RANGE];
+    while !stop.load(Ordering::Acquire) {
+        match ctx.group.wait(POLL_MS) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::error!(error = %e, "polling the fanotify group");
+                std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
+                continue;
+            }
+        }
+        let n = match ctx.group.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                tracing::error!(error = %e, "reading fanotify events");
+                continue;
+            }
+        };
+        let events = match sys::parse(&buf[..n]) {
+            Ok(ev) => ev,
+            Err(e) => {
+                tracing::error!(error = %e, "fanotify events not understood: their readers wait");
+                continue;
+            }
+        };
+        for ev in events {
+            let Some(number) = ev.fd else { continue };
+            // SAFETY: the kernel installed this descriptor in this process for this event alone.
+            let fd = unsafe { OwnedFd::from_raw_fd(number) };
+            let Some((offset, count)) = ev.range.filter(|_| ev.mask & sys::FAN_PRE_ACCESS != 0)
+            else {
+                ctx.answer(number, Answer::Allow);
+                continue;
+            };
+            let view = match views.by_fd(fd.as_fd()) {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::error!(error = %e, "read of a watched file the server does not serve: denied");
+                    ctx.answer(number, Answer::Deny(libc::EIO));
+                    continue;
+                }
+            };
+            let own = ev.pid == me && view.is_own(offset, count);
+            if own || view.filled(view.chunks_in(offset, count)) {
+                ctx.stats.hits.fetch_add(1, Ordering::Relaxed);
+                ctx.answer(number, Answer::Allow);
+                continue;
+            }
+            let record = encode(&view.blob.blob.digest, offset, count, ev.pid);
+            let slot = ctx.journal.record(number as u64 + 1, &record);
+            let job = Job {
+                fd: Some(fd),
+                number,
+                view,
+                offset,
+                count,
+                pid: ev.pid,
+                slot,
+            };
+            if let Err(mpsc::SendError(job)) = tx.send(job) {
+                ctx.finish(job);
+            }
+        }
+    }
+}
+
+/// A journal record: blob digest, offset, count, reader.
+fn encode(d: &Digest, offset: u64, count: u64, pid: u32) -> Vec<u8> {
+    let mut b = Vec::with_capacity(52);
+    b.extend_from_slice(&d.0);
+    b.extend_from_slice(&offset.to_le_bytes());
+    b.extend_from_slice(&count.to_le_bytes());
+    b.extend_from_slice(&pid.to_le_bytes());
+    b
+}
+
+fn decode(b: &[u8]) -> Option<(Digest, u64, u64, u32)> {
+    let b: &[u8; 52] = b.try_into().ok()?;
+    let mut d = [0u8; 32];
+    d.copy_from_slice(&b[..32]);
+    let u64_at = |o: usize| {
+        let mut x = [0u8; 8];
+        x.copy_from_slice(&b[o..o + 8]);
+        u64::from_le_bytes(x)
+    };
+    let pid = u32::from_le_bytes([b[48], b[49], b[50], b[51]]);
+    Some((Digest(d), u64_at(32), u64_at(40), pid))
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

@@ -1,0 +1,215 @@
+//! The parser and journal records (pure), then the server on this kernel's real pre-content events:
+//! readers in child processes (`cat`), so the kernel reports them as readers other than the server.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use strata_registry::store::Fault;
+use strata_registry::toc::BLOCK_SIZE;
+
+use super::sys::{self, Event};
+use super::*;
+use crate::testkit::{bytes, Kit};
+
+proptest! {
+    #[test]
+    fn events_parse_back(evs in prop::collection::vec(
+        (any::<u64>(), -1i32..4096, any::<u32>(), prop::option::of((any::<u64>(), any::<u64>()))),
+        0..8,
+    )) {
+        let evs: Vec<Event> = evs
+            .into_iter()
+            .map(|(mask, fd, pid, range)| Event { mask, fd: (fd >= 0).then_some(fd), pid, range })
+            .collect();
+        let buf: Vec<u8> = evs.iter().flat_map(sys::encode).collect();
+        prop_assert_eq!(sys::parse(&buf).expect("parse"), evs);
+    }
+
+    #[test]
+    fn any_bytes_parse_or_fail_without_panic(buf in prop::collection::vec(any::<u8>(), 0..200)) {
+        let _ = sys::parse(&buf);
+    }
+
+    #[test]
+    fn journal_records_round_trip(d in any::<[u8; 32]>(), o in any::<u64>(), c in any::<u64>(), p in any::<u32>()) {
+        let rec = encode(&Digest(d), o, c, p);
+        prop_assert_eq!(decode(&rec), Some((Digest(d), o, c, p)));
+    }
+}
+
+#[test]
+fn cut_events_are_refused() {
+    let ev = Event {
+        mask: sys::FAN_PRE_ACCESS,
+        fd: Some(7),
+        pid: 1,
+        range: Some((0, 4096)),
+    };
+    let buf = sys::encode(&ev);
+    for n in [1, 23, 24, 47] {
+        assert!(sys::parse(&buf[..n]).is_err(), "{n} bytes");
+    }
+}
+
+/// A kit, a blob of uneven chunks, and the blob's view as the kernel must read it.
+fn blob(kit: &Kit) -> (Arc<BlobHandle>, String, Vec<u8>) {
+    let chunks = vec![bytes(100_000, 1), bytes(4096, 2), bytes(70_001, 3)];
+    let (h, key) = kit.blob(&chunks);
+    let mut view = Vec::new();
+    for c in &chunks {
+        view.extend_from_slice(c);
+        view.resize(
+            view.len().div_ceil(BLOCK_SIZE as usize) * BLOCK_SIZE as usize,
+            0,
+        );
+    }
+    (Arc::new(h), key, view)
+}
+
+/// Whether this kernel reports pre-content events to this process (root, Linux 6.14+).
+fn have_events(dir: &std::path::Path) -> bool {
+    let f = dir.join("probe");
+    let ok = std::fs::write(&f, b"x").is_ok() && sys::probe(&f).is_none();
+    strata_registry::testing::require("root and fanotify pre-content events (Linux 6.14+)", ok)
+}
+
+/// A running server of one blob's view file, and what reading it must give.
+struct Served {
+    _dir: tempfile::TempDir,
+    kit: Kit,
+    s: Server,
+    path: std::path::PathBuf,
+    key: String,
+    want: Vec<u8>,
+}
+
+/// [`Served`], where this kernel reports pre-content events to this process.
+fn served() -> Option<Served> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    if !have_events(dir.path()) {
+        return None;
+    }
+    let kit = Kit::new(Duration::from_secs(5));
+    let (h, key, want) = blob(&kit);
+    let views = dir.path().join("views");
+    let s = Server::new(&views, None, kit.fetcher.clone(), kit.metrics.clone()).expect("server");
+    let path = s.view(&h).expect("view file");
+    s.run();
+    Some(Served {
+        _dir: dir,
+        kit,
+        s,
+        path,
+        key,
+        want,
+    })
+}
+
+fn cat(path: &std::path::Path) -> std::process::Output {
+    Command::new("cat").arg(path).output().expect("run cat")
+}
+
+#[test]
+fn readers_get_verified_bytes_filled_on_demand() {
+    let Some(Served {
+        _dir,
+        kit,
+        s,
+        path,
+        key,
+        want,
+    }) = served()
+    else {
+        return;
+    };
+    let out = cat(&path);
+    assert!(out.status.success(), "{out:?}");
+    assert!(out.stdout == want, "the reader saw the view's bytes");
+    assert!(s.stats.fills.load(Ordering::Relaxed) > 0);
+    let fetched = kit.faults.reads(&key);
+    // Read again: every chunk is there, answered at once without the store.
+    assert!(cat(&path).stdout == want);
+    assert!(s.stats.hits.load(Ordering::Relaxed) > 0);
+    assert_eq!(
+        kit.faults.reads(&key),
+        fetched,
+        "no fetch for filled chunks"
+    );
+    s.stop();
+}
+
+#[test]
+fn a_failed_fetch_is_an_error_never_a_hole() {
+    let Some(Served {
+        _dir,
+        kit,
+        s,
+        path,
+        key,
+        want,
+    }) = served()
+    else {
+        return;
+    };
+    let id = kit.faults.inject(Fault::error().key(&key));
+    let out = cat(&path);
+    assert!(!out.status.success(), "read of unfetchable data failed");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Input/output error"));
+    assert!(s.stats.denied.load(Ordering::Relaxed) > 0);
+    kit.faults.remove(id);
+    assert!(cat(&path).stdout == want, "and works once the store does");
+    s.stop();
+}
+
+#[test]
+fn a_successor_answers_what_a_dead_server_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    if !have_events(dir.path()) {
+        return;
+    }
+    let kit = Kit::new(Duration::from_secs(5));
+    let (h, _, want) = blob(&kit);
+    let views = dir.path().join("views");
+    let dead = Server::new(&views, None, kit.fetcher.clone(), kit.metrics.clone()).expect("server");
+    let path = dead.view(&h).expect("view file");
+    // A reader waits on the group; the "dead" server reads and records its event, then never answers.
+    let reader = std::thread::spawn({
+        let path = path.clone();
+        move || cat(&path)
+    });
+    let mut buf = vec![0u8; 4096];
+    let ev = loop {
+        assert!(dead.group.wait(5000).expect("poll"), "no event");
+        let n = dead.group.read(&mut buf).expect("read event");
+        let evs = sys::parse(&buf[..n]).expect("parse");
+        if let Some(ev) = evs.into_iter().next() {
+            break ev;
+        }
+    };
+    let number = ev.fd.expect("event fd");
+    let (offset, count) = ev.range.expect("range");
+    let slot = dead.journal.record(
+        number as u64 + 1,
+        &encode(&h.blob.digest, offset, count, ev.pid),
+    );
+    assert!(slot.is_some());
+    // The dead server's descriptor goes as a dead process's would; its number is free again.
+    drop(unsafe { OwnedFd::from_raw_fd(number) });
+    let kept = (
+        rustix::io::dup(dead.group.fd()).expect("dup group"),
+        rustix::io::dup(dead.journal.fd()).expect("dup journal"),
+    );
+    let next = Server::new(&views, Some(kept), kit.fetcher.clone(), kit.metrics.clone())
+        .expect("successor");
+    drop(dead);
+    next.view(&h).expect("view file again");
+    next.run();
+    let out = reader.join().expect("reader");
+    assert!(out.stdout == want, "the waiting reader got the bytes");
+    assert_eq!(next.stats.adopted.load(Ordering::Relaxed), 1);
+    assert!(next.journal.leftovers().is_empty(), "journal cleared");
+    next.stop();
+}

@@ -1,0 +1,303 @@
+//! View files: each blob's uncompressed view as a local sparse file, filled a chunk at a time.
+//!
+//! A view file has the size of the blob's view (`Toc::view_size`) and starts as one hole. Chunk `i`
+//! lives where the blob server would show it: at block `chunks[i].block`, `len` bytes, then zeros to
+//! the block's end. Filling a chunk writes its verified bytes and padding with direct I/O (whole
+//! blocks from an aligned buffer), so the view file's own pages never enter the page cache: the only
+//! copy in memory is the one EROFS keeps of what sandboxes read (EROFS mounts these files with its
+//! `directio` option).
+//!
+//! **Which chunks are there.** Each file has a bitmap of chunks known to be filled. It is in memory
+//! only: a server that starts on files an earlier one filled knows nothing, and finds out chunk by
+//! chunk on first use — it reads the chunk from the file and takes it if its BLAKE3 is the chunk's
+//! digest (a hole reads as zeros and fails the check, unless the chunk is all zeros, which is then
+//! right). So no record can disagree with the data, a torn write (a crash mid-fill) is found and
+//! filled again, and data at rest is checked once per server before it is first served. Files this
+//! server created are known to be holes: no check.
+//!
+//! **Writing without events.** The server's own descriptor of a view file is opened before the file
+//! is marked when it can be, and then the kernel never reports its reads and writes. One opened on a
+//! file a predecessor marked does cause events: each of this server's own accesses registers its
+//! range first ([`ViewFile::is_own`]), and the event loop allows an event of this process whose range
+//! a registered access covers. Any other event — a reader in this very process included — is served
+//! as every reader's is.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use strata_registry::digest::Digest;
+use strata_registry::store::direct;
+use strata_registry::toc::BLOCK_SIZE;
+
+use crate::attribution::with_reader;
+use crate::fetch::{BlobHandle, FetchError, Fetcher};
+
+/// Chunk states in a view file's bitmap.
+const UNKNOWN: u8 = 0;
+const HOLE: u8 = 1;
+const FILLED: u8 = 2;
+
+/// Why a range could not be filled.
+#[derive(Debug, thiserror::Error)]
+pub enum FillError {
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    #[error("view file {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("no view file has inode {dev}:{ino}")]
+    Unknown { dev: u64, ino: u64 },
+}
+
+/// One blob's view file.
+pub struct ViewFile {
+    pub blob: Arc<BlobHandle>,
+    pub path: PathBuf,
+    file: File,
+    chunks: Vec<AtomicU8>,
+    /// Ranges this server is reading or writing itself: `(offset, len)`.
+    own: Mutex<Vec<(u64, u64)>>,
+}
+
+/// The view files of a node, by blob and by inode.
+pub struct Views {
+    dir: PathBuf,
+    by_blob: RwLock<HashMap<Digest, Arc<ViewFile>>>,
+    by_inode: RwLock<HashMap<(u64, u64), Arc<ViewFile>>>,
+}
+
+impl Views {
+    /// View files under `dir` (created if missing; on a local filesystem with sparse files and
+    /// direct I/O).
+    pub fn new(dir: &Path) -> io::Result<Views> {
+        std::fs::create_dir_all(dir)?;
+        Ok(Views {
+            dir: dir.to_path_buf(),
+            by_blob: RwLock::default(),
+            by_inode: RwLock::default(),
+        })
+    }
+
+    /// Where blob `d`'s view file is.
+    pub fn path(&self, d: &Digest) -> PathBuf {
+        self.dir.join(d.hex())
+    }
+
+    /// The view file of `blob`, opened (and created as one hole when missing); `mark` is called on
+    /// its path after this server's descriptor is open.
+    pub fn open(
+        &self,
+        blob: &Arc<BlobHandle>,
+        mark: impl FnOnce(&Path) -> io::Result<()>,
+    ) -> io::Result<Arc<ViewFile>> {
+        let d = blob.blob.digest;
+        if let Some(v) = self.get(&d) {
+            return Ok(v);
+        }
+        let path = self.path(&d);
+        let size = blob.toc.view_size();
+        let fresh = match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.len() == size => false,
+            Ok(_) => {
+                // Not this blob's size: an interrupted creation or a damaged file. Start again.
+                std::fs::remove_file(&path)?;
+                true
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+            Err(e) => return Err(e),
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(&path)?;
+        if fresh {
+            file.set_len(size)?;
+        }
+        mark(&path)?;
+        let meta = file.metadata()?;
+        let state = if fresh { HOLE } else { UNKNOWN };
+        let v = Arc::new(ViewFile {
+            blob: blob.clone(),
+            path,
+            file,
+            chunks: (0..blob.toc.chunks.len())
+                .map(|_| AtomicU8::new(state))
+                .collect(),
+            own: Mutex::default(),
+        });
+        let mut by_blob = self.by_blob.write().unwrap_or_else(|p| p.into_inner());
+        let v = by_blob.entry(d).or_insert(v).clone();
+        self.by_inode
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((meta.dev(), meta.ino()), v.clone());
+        Ok(v)
+    }
+
+    /// View files open.
+    pub fn len(&self) -> usize {
+        self.by_blob.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, d: &Digest) -> Option<Arc<ViewFile>> {
+        let t = self.by_blob.read().unwrap_or_else(|p| p.into_inner());
+        t.get(d).cloned()
+    }
+
+    /// The view file behind an event's descriptor.
+    pub fn by_fd(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<Arc<ViewFile>, FillError> {
+        let st = rustix::fs::fstat(fd).map_err(|e| FillError::Io {
+            path: PathBuf::from("<event descriptor>"),
+            source: e.into(),
+        })?;
+        let key = (st.st_dev, st.st_ino);
+        let t = self.by_inode.read().unwrap_or_else(|p| p.into_inner());
+        t.get(&key).cloned().ok_or(FillError::Unknown {
+            dev: key.0,
+            ino: key.1,
+        })
+    }
+}
+
+impl ViewFile {
+    /// The chunks overlapping `count` bytes at `offset`.
+    pub fn chunks_in(&self, offset: u64, count: u64) -> std::ops::Range<usize> {
+        let toc = &self.blob.toc;
+        let end = offset.saturating_add(count.max(1));
+        let first = toc
+            .chunks
+            .partition_point(|c| (c.block as u64 + c.blocks()) * BLOCK_SIZE <= offset);
+        let last = toc
+            .chunks
+            .partition_point(|c| (c.block as u64) * BLOCK_SIZE < end);
+        first..last.max(first)
+    }
+
+    /// Whether every chunk in `range` is known to be filled.
+    pub fn filled(&self, range: std::ops::Range<usize>) -> bool {
+        self.chunks[range]
+            .iter()
+            .all(|c| c.load(Ordering::Acquire) == FILLED)
+    }
+
+    /// Fills every chunk in `range` not yet filled: from the file itself when it already holds the
+    /// chunk (checked), else fetched (charged to reader `pid`), verified and written.
+    pub fn fill(
+        &self,
+        fetcher: &Arc<Fetcher>,
+        range: std::ops::Range<usize>,
+        pid: u32,
+    ) -> Result<(), FillError> {
+        for i in range {
+            match self.chunks[i].load(Ordering::Acquire) {
+                FILLED => continue,
+                UNKNOWN if self.holds(i)? => {
+                    self.chunks[i].store(FILLED, Ordering::Release);
+                    continue;
+                }
+                _ => {}
+            }
+            let bytes = with_reader(pid, || fetcher.chunk(&self.blob, i))?;
+            fetcher.read_ahead(&self.blob, i);
+            let c = self.blob.toc.chunks[i];
+            let (mut buf, at) = aligned(c.blocks() * BLOCK_SIZE);
+            bytes.read_at(&mut buf[at..at + c.len as usize], 0)?;
+            let (whole, pos) = (c.blocks() * BLOCK_SIZE, c.block as u64 * BLOCK_SIZE);
+            self.own(pos, whole, || {
+                self.write_all(&buf[at..at + whole as usize], pos)
+            })?;
+            self.chunks[i].store(FILLED, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Whether `count` bytes at `offset` lie within an access of this server's own.
+    pub fn is_own(&self, offset: u64, count: u64) -> bool {
+        let own = self.own.lock().unwrap_or_else(|p| p.into_inner());
+        own.iter()
+            .any(|&(o, n)| offset >= o && offset.saturating_add(count) <= o + n)
+    }
+
+    /// Runs `f`, an access of this server's own to `len` bytes at `offset`, registered meanwhile.
+    fn own<T>(&self, offset: u64, len: u64, f: impl FnOnce() -> T) -> T {
+        let (start, end) = (
+            offset / direct::ALIGN * direct::ALIGN,
+            (offset + len).div_ceil(direct::ALIGN) * direct::ALIGN,
+        );
+        let entry = (start, end - start);
+        self.own
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(entry);
+        let out = f();
+        let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = own.iter().position(|e| *e == entry) {
+            own.swap_remove(i);
+        }
+        out
+    }
+
+    /// Whether the file already holds chunk `i` (its bytes have the chunk's digest).
+    fn holds(&self, i: usize) -> Result<bool, FillError> {
+        let c = self.blob.toc.chunks[i];
+        let at = c.block as u64 * BLOCK_SIZE;
+        let (buf, at) = self
+            .own(at, c.len as u64, || {
+                direct::read(&self.file, at, c.len as usize)
+            })
+            .map_err(|e| FillError::Io {
+                path: self.path.clone(),
+                source: e,
+            })?;
+        let ok = Digest::of(&buf[at..at + c.len as usize]) == c.digest;
+        if !ok {
+            self.chunks[i].store(HOLE, Ordering::Release);
+        }
+        Ok(ok)
+    }
+
+    fn write_all(&self, mut buf: &[u8], mut offset: u64) -> Result<(), FillError> {
+        while !buf.is_empty() {
+            match self.file.write_at(buf, offset) {
+                Ok(0) => {
+                    return Err(FillError::Io {
+                        path: self.path.clone(),
+                        source: io::Error::from(io::ErrorKind::WriteZero),
+                    })
+                }
+                Ok(n) => {
+                    buf = &buf[n..];
+                    offset += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(FillError::Io {
+                        path: self.path.clone(),
+                        source: e,
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A zeroed buffer with `len` bytes starting at a [`direct::ALIGN`]-aligned index (returned).
+fn aligned(len: u64) -> (Vec<u8>, usize) {
+    let align = direct::ALIGN as usize;
+    let buf = vec![0u8; len as usize + align];
+    let at = buf.as_ptr().align_offset(align);
+    (buf, at)
+}
