@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`file` against `loop` and `fuse` mount modes (and loop devices with and without direct I/O) and kernel EROFS on a
+"""`file` against `loop`, `fuse` and `fanotify` mount modes (and loop devices with and without direct I/O) and kernel EROFS on a
 local materialized copy (the peer), same data, same run,
 alternating the setups in every round:
 
@@ -27,6 +27,7 @@ SETUPS = {
     "loop-dio": ["--mount-mode", "loop"],
     "loop-buffered": ["--mount-mode", "loop", "--loop-direct-io", "false"],
     "fuse": ["--mount-mode", "fuse"],
+    "fanotify": ["--mount-mode", "fanotify"],
     # The peer: kernel EROFS on loop devices of a materialized copy (`strata materialize`), all local.
     "kernel": None,
 }

@@ -306,6 +306,7 @@ impl Daemon {
         );
         fetcher.max_behind = config.max_fetch_behind;
         let fetcher = Arc::new(fetcher);
+        let table = Arc::new(BlobTable::default());
         let (fan_kept, fds) = crate::control::views::take_kept(kept.fds);
         let kept = Kept {
             fds,
@@ -317,11 +318,11 @@ impl Daemon {
                 fan_kept,
                 fetcher.clone(),
                 metrics.clone(),
+                table.clone(),
                 kept.keeper.as_deref(),
             )?),
             _ => None,
         };
-        let table = Arc::new(BlobTable::default());
         let warming = Warming::new(
             store.clone(),
             table.clone(),

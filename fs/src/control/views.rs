@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use strata_registry::digest::Digest;
 
+use crate::blobfs::BlobTable;
 use crate::control::daemon::{Daemon, DaemonError};
 use crate::control::trees::Keeper;
 use crate::fanotify::{self, Server};
@@ -52,11 +53,12 @@ pub(crate) fn start(
     kept: Option<(OwnedFd, OwnedFd)>,
     fetcher: Arc<Fetcher>,
     metrics: Arc<Metrics>,
+    table: Arc<BlobTable>,
     keeper: Option<&dyn Keeper>,
 ) -> Result<Arc<Server>, DaemonError> {
     let adopted = kept.is_some();
     let dir = state_dir.join("views");
-    let server = Server::new(&dir, kept, fetcher, metrics).map_err(|e| DaemonError::Io {
+    let server = Server::new(&dir, kept, fetcher, metrics, table).map_err(|e| DaemonError::Io {
         path: dir.clone(),
         source: std::io::Error::other(e),
     })?;

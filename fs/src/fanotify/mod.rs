@@ -9,6 +9,11 @@
 //! the event: cached bytes are read by the kernel from the local file, with no copy through this
 //! process, and once read they sit in EROFS's page cache and cause no event at all.
 //!
+//! A reader whose misses follow one another (a sequential read) gets the next chunks filled ahead, after
+//! its own range is answered, from the chunk cache (a miss's fetch brings its missing neighbours
+//! there: reading ahead fetches nothing more); and a view file whose every chunk is
+//! filled is no longer watched, so its reads cost no event at all — the kernel's speed.
+//!
 //! **No read sees a hole.** An event is allowed only after every chunk it covers was written and
 //! verified; a fetch that fails or misses the read deadline denies the read with `EIO`. The server's
 //! own accesses to a view file (see [`views`]) are the only events allowed unfilled.
@@ -40,6 +45,7 @@ use std::thread::JoinHandle;
 
 use strata_registry::digest::Digest;
 
+use crate::blobfs::BlobTable;
 use crate::fetch::{BlobHandle, Fetcher};
 use crate::fuse::journal::Journal;
 use crate::metrics::Metrics;
@@ -56,6 +62,8 @@ const JOURNAL_SLOTS: usize = 1024;
 const WORKERS: usize = 16;
 /// Events read at a time.
 const BATCH: usize = 64;
+/// Chunks filled ahead of a sequential reader's miss (the blob server's read-ahead, `fetch::READ_AHEAD`).
+const READ_AHEAD: usize = crate::fetch::READ_AHEAD;
 /// How often the event loop looks at its stop flag.
 const POLL_MS: i32 = 200;
 
@@ -93,6 +101,8 @@ pub struct Server {
     pub views: Arc<Views>,
     fetcher: Arc<Fetcher>,
     metrics: Arc<Metrics>,
+    /// The node's blobs: its recorder (`strata trace`, plan recording) hears of every range read.
+    table: Arc<BlobTable>,
     pub stats: Arc<Stats>,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -120,6 +130,7 @@ impl Server {
         kept: Option<(OwnedFd, OwnedFd)>,
         fetcher: Arc<Fetcher>,
         metrics: Arc<Metrics>,
+        table: Arc<BlobTable>,
     ) -> Result<Server, StartError> {
         let (group, journal) = match kept {
             Some((g, j)) => (
@@ -141,6 +152,7 @@ impl Server {
             views: Arc::new(views),
             fetcher,
             metrics,
+            table,
             stats: Arc::default(),
             stop: Arc::default(),
             threads: Mutex::default(),
@@ -223,6 +235,7 @@ impl Server {
             journal: self.journal.clone(),
             fetcher: self.fetcher.clone(),
             metrics: self.metrics.clone(),
+            table: self.table.clone(),
             stats: self.stats.clone(),
         }
     }
@@ -297,6 +310,7 @@ struct Context {
     journal: Arc<Journal>,
     fetcher: Arc<Fetcher>,
     metrics: Arc<Metrics>,
+    table: Arc<BlobTable>,
     stats: Arc<Stats>,
 }
 
@@ -321,13 +335,40 @@ impl Context {
         }
     }
 
+    /// Fills a job's range, answers it, then reads ahead for a sequential reader.
     fn finish(&self, job: Job) {
+        let range = job.view.chunks_in(job.offset, job.count);
+        let sequential = job.view.follows(&range);
         let answer = self.fill(&job.view, job.offset, job.count, job.pid);
         self.answer(job.number, answer);
         if let Some(s) = job.slot {
             self.journal.clear(s);
         }
         drop(job.fd);
+        if sequential && answer == Answer::Allow {
+            // After the answer: the reader goes on while this thread fills what it reads next. A
+            // failure here is the next read's to report.
+            // Only what the chunk cache has (the fetch of the miss brought its neighbours): reading
+            // ahead must not fetch what a reader may never want.
+            let ahead = job.view.ahead(&range, READ_AHEAD);
+            if let Err(e) = job.view.fill_cached(&self.fetcher, ahead) {
+                tracing::debug!(blob = %job.view.blob.blob.digest, error = %e, "read-ahead failed");
+            }
+        }
+        self.unmark_if_complete(&job.view);
+    }
+
+    /// Stops watching a view file once every chunk is in it: its reads then cost no event at all.
+    fn unmark_if_complete(&self, view: &ViewFile) {
+        if view.complete() && !view.unmarked.swap(true, Ordering::AcqRel) {
+            match self.group.unmark(&view.path) {
+                Ok(()) => {
+                    tracing::debug!(blob = %view.blob.blob.digest, "view file complete: unwatched")
+                }
+                Err(e) => tracing::warn!(blob = %view.blob.blob.digest, error = %e,
+                    "cannot unwatch a complete view file"),
+            }
+        }
     }
 
     fn answer(&self, number: RawFd, answer: Answer) {
@@ -383,7 +424,13 @@ fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender
                 }
             };
             let own = ev.pid == me && view.is_own(offset, count);
-            if own || view.filled(view.chunks_in(offset, count)) {
+            let range = view.chunks_in(offset, count);
+            if !own && ctx.table.trace.is_on() {
+                for i in range.clone() {
+                    ctx.table.trace.record(&view.blob.blob.digest, i as u32);
+                }
+            }
+            if own || view.filled(range) {
                 ctx.stats.hits.fetch_add(1, Ordering::Relaxed);
                 ctx.answer(number, Answer::Allow);
                 continue;

@@ -84,6 +84,7 @@ struct Served {
     path: std::path::PathBuf,
     key: String,
     want: Vec<u8>,
+    blob: Digest,
 }
 
 /// [`Served`], where this kernel reports pre-content events to this process.
@@ -95,7 +96,14 @@ fn served() -> Option<Served> {
     let kit = Kit::new(Duration::from_secs(5));
     let (h, key, want) = blob(&kit);
     let views = dir.path().join("views");
-    let s = Server::new(&views, None, kit.fetcher.clone(), kit.metrics.clone()).expect("server");
+    let s = Server::new(
+        &views,
+        None,
+        kit.fetcher.clone(),
+        kit.metrics.clone(),
+        Arc::default(),
+    )
+    .expect("server");
     let path = s.view(&h).expect("view file");
     s.run();
     Some(Served {
@@ -105,6 +113,7 @@ fn served() -> Option<Served> {
         path,
         key,
         want,
+        blob: h.blob.digest,
     })
 }
 
@@ -121,22 +130,54 @@ fn readers_get_verified_bytes_filled_on_demand() {
         path,
         key,
         want,
+        blob,
     }) = served()
     else {
         return;
     };
-    let out = cat(&path);
-    assert!(out.status.success(), "{out:?}");
-    assert!(out.stdout == want, "the reader saw the view's bytes");
+    // The first block only: one chunk filled, then answered from the file without the store.
+    let head = |n: &str| {
+        let out = Command::new("head").args(["-c", n]).arg(&path).output();
+        out.expect("run head").stdout
+    };
+    assert!(head("4096") == want[..4096]);
     assert!(s.stats.fills.load(Ordering::Relaxed) > 0);
     let fetched = kit.faults.reads(&key);
-    // Read again: every chunk is there, answered at once without the store.
-    assert!(cat(&path).stdout == want);
-    assert!(s.stats.hits.load(Ordering::Relaxed) > 0);
+    assert!(head("4096") == want[..4096]);
+    assert!(
+        s.stats.hits.load(Ordering::Relaxed) > 0,
+        "a filled range is a hit"
+    );
     assert_eq!(
         kit.faults.reads(&key),
         fetched,
-        "no fetch for filled chunks"
+        "no fetch for a filled chunk"
+    );
+    let view = s.views.get(&blob).expect("view");
+    assert!(!view.complete() && !view.unmarked.load(Ordering::Acquire));
+    // The whole file: the exact view bytes, and then every chunk is in the file.
+    let out = cat(&path);
+    assert!(out.status.success(), "{out:?}");
+    assert!(out.stdout == want, "the reader saw the view's bytes");
+    assert!(view.complete());
+    // A complete file is no longer watched: its reads cause no event.
+    for _ in 0..100 {
+        if view.unmarked.load(Ordering::Acquire) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        view.unmarked.load(Ordering::Acquire),
+        "complete file unwatched"
+    );
+    let events = || s.stats.hits.load(Ordering::Relaxed) + s.stats.fills.load(Ordering::Relaxed);
+    let before = (events(), kit.faults.reads(&key));
+    assert!(cat(&path).stdout == want);
+    assert_eq!(
+        (events(), kit.faults.reads(&key)),
+        before,
+        "no event, no fetch"
     );
     s.stop();
 }
@@ -150,6 +191,7 @@ fn a_failed_fetch_is_an_error_never_a_hole() {
         path,
         key,
         want,
+        ..
     }) = served()
     else {
         return;
@@ -173,7 +215,14 @@ fn a_successor_answers_what_a_dead_server_read() {
     let kit = Kit::new(Duration::from_secs(5));
     let (h, _, want) = blob(&kit);
     let views = dir.path().join("views");
-    let dead = Server::new(&views, None, kit.fetcher.clone(), kit.metrics.clone()).expect("server");
+    let dead = Server::new(
+        &views,
+        None,
+        kit.fetcher.clone(),
+        kit.metrics.clone(),
+        Arc::default(),
+    )
+    .expect("server");
     let path = dead.view(&h).expect("view file");
     // A reader waits on the group; the "dead" server reads and records its event, then never answers.
     let reader = std::thread::spawn({
@@ -202,8 +251,14 @@ fn a_successor_answers_what_a_dead_server_read() {
         rustix::io::dup(dead.group.fd()).expect("dup group"),
         rustix::io::dup(dead.journal.fd()).expect("dup journal"),
     );
-    let next = Server::new(&views, Some(kept), kit.fetcher.clone(), kit.metrics.clone())
-        .expect("successor");
+    let next = Server::new(
+        &views,
+        Some(kept),
+        kit.fetcher.clone(),
+        kit.metrics.clone(),
+        Arc::default(),
+    )
+    .expect("successor");
     drop(dead);
     next.view(&h).expect("view file again");
     next.run();

@@ -27,7 +27,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use strata_registry::digest::Digest;
@@ -59,6 +59,12 @@ pub struct ViewFile {
     pub path: PathBuf,
     file: File,
     chunks: Vec<AtomicU8>,
+    /// Chunks in state [`FILLED`].
+    filled: AtomicUsize,
+    /// Set once the file is complete and no longer watched.
+    pub unmarked: AtomicBool,
+    /// The chunk after the last range a reader's miss filled (read-ahead follows sequential misses).
+    last: AtomicUsize,
     /// Ranges this server is reading or writing itself: `(offset, len)`.
     own: Mutex<Vec<(u64, u64)>>,
 }
@@ -131,6 +137,9 @@ impl Views {
             chunks: (0..blob.toc.chunks.len())
                 .map(|_| AtomicU8::new(state))
                 .collect(),
+            filled: AtomicUsize::new(0),
+            unmarked: AtomicBool::new(false),
+            last: AtomicUsize::new(usize::MAX),
             own: Mutex::default(),
         });
         let mut by_blob = self.by_blob.write().unwrap_or_else(|p| p.into_inner());
@@ -200,16 +209,42 @@ impl ViewFile {
         range: std::ops::Range<usize>,
         pid: u32,
     ) -> Result<(), FillError> {
+        self.fill_with(fetcher, range, pid, false)
+    }
+
+    /// [`ViewFile::fill`] of the chunks in `range` that need no fetch (in the file or the chunk
+    /// cache), up to the first that would: what reading ahead costs nothing but local I/O.
+    pub fn fill_cached(
+        &self,
+        fetcher: &Arc<Fetcher>,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), FillError> {
+        self.fill_with(fetcher, range, 0, true)
+    }
+
+    fn fill_with(
+        &self,
+        fetcher: &Arc<Fetcher>,
+        range: std::ops::Range<usize>,
+        pid: u32,
+        cached_only: bool,
+    ) -> Result<(), FillError> {
         for i in range {
             match self.chunks[i].load(Ordering::Acquire) {
                 FILLED => continue,
                 UNKNOWN if self.holds(i)? => {
-                    self.chunks[i].store(FILLED, Ordering::Release);
+                    self.set_filled(i);
                     continue;
                 }
                 _ => {}
             }
-            let bytes = with_reader(pid, || fetcher.chunk(&self.blob, i))?;
+            let bytes = match cached_only {
+                true => match fetcher.cached(&self.blob, i)? {
+                    Some(b) => b,
+                    None => return Ok(()),
+                },
+                false => with_reader(pid, || fetcher.chunk(&self.blob, i))?,
+            };
             fetcher.read_ahead(&self.blob, i);
             let c = self.blob.toc.chunks[i];
             let (mut buf, at) = aligned(c.blocks() * BLOCK_SIZE);
@@ -218,9 +253,34 @@ impl ViewFile {
             self.own(pos, whole, || {
                 self.write_all(&buf[at..at + whole as usize], pos)
             })?;
-            self.chunks[i].store(FILLED, Ordering::Release);
+            self.set_filled(i);
         }
         Ok(())
+    }
+
+    fn set_filled(&self, i: usize) {
+        if self.chunks[i].swap(FILLED, Ordering::AcqRel) != FILLED {
+            self.filled.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether every chunk of the blob is filled (the file needs no more events).
+    pub fn complete(&self) -> bool {
+        self.filled.load(Ordering::Acquire) == self.chunks.len()
+    }
+
+    /// Records that a reader's miss filled `range`: whether it continues the last one (a sequential
+    /// reader, worth reading ahead for).
+    pub fn follows(&self, range: &std::ops::Range<usize>) -> bool {
+        self.last.swap(range.end, Ordering::AcqRel) == range.start
+    }
+
+    /// The chunks after `range` to read ahead (at most `n`), recorded as the place the next
+    /// sequential miss starts.
+    pub fn ahead(&self, range: &std::ops::Range<usize>, n: usize) -> std::ops::Range<usize> {
+        let end = (range.end + n).min(self.chunks.len());
+        self.last.store(end, Ordering::Release);
+        range.end..end
     }
 
     /// Whether `count` bytes at `offset` lie within an access of this server's own.
