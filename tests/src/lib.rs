@@ -45,6 +45,11 @@ pub fn strata_bin() -> PathBuf {
     sibling_bin("strata-under-test")
 }
 
+/// Path of the full CLI the lean `strata` under test hands store commands to.
+pub fn strata_full_bin() -> PathBuf {
+    sibling_bin("strata-under-test-full")
+}
+
 /// Path of the `pack_diff` program built for these tests.
 pub fn pack_diff_bin() -> PathBuf {
     sibling_bin("pack_diff-under-test")

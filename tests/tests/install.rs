@@ -15,6 +15,7 @@ fn release_dir(target: &Path) {
     let bins = [
         (stratad_bin(), "stratad"),
         (strata_bin(), "strata"),
+        (strata_full_bin(), "strata-full"),
         (pack_diff_bin(), "pack_diff"),
         (
             strata_tests::containerd::snapshotter_bin(),
@@ -47,7 +48,13 @@ fn the_install_recipe_puts_a_startable_service_in_place() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for b in ["strata", "stratad", "pack_diff", "strata-snapshotter"] {
+    for b in [
+        "strata",
+        "strata-full",
+        "stratad",
+        "pack_diff",
+        "strata-snapshotter",
+    ] {
         assert!(dest.join("usr/local/bin").join(b).is_file(), "{b} missing");
     }
     // Man pages and completions come from the installed strata's own definitions.

@@ -196,6 +196,7 @@ fn data_tree(work: &Path, data: &Path) {
     let treelist = Path::new(env!("CARGO_BIN_EXE_treelist"));
     install_binary(&stratad_bin(), &bin, "stratad", &lib);
     install_binary(&strata_bin(), &bin, "strata", &lib);
+    install_binary(&strata_full_bin(), &bin, "strata-full", &lib);
     install_binary(treelist, &bin, "treelist", &lib);
     // scripts/demo runs its command with bubblewrap; so does the guest.
     install_binary(Path::new("/usr/bin/bwrap"), &bin, "bwrap", &lib);

@@ -256,55 +256,11 @@ fn open_store(
 /// runtime (threads started, then joined at exit) and creates a local store's directory, which cost
 /// `strata mount` more than its request to the daemon.
 pub fn run(cli: Cli) -> Result<()> {
-    progress::set_mode(cli.progress);
-    let socket = &cli.socket;
-    let cmd = match cli.cmd {
-        Cmd::Mount {
-            image,
-            sandbox,
-            upper,
-            resume,
-            fresh,
-            json,
-        } => {
-            let reuse = match (resume, fresh) {
-                (true, _) => "resume",
-                (_, true) => "fresh",
-                _ => "refuse",
-            };
-            return node::mount(socket, &image, &sandbox, upper.as_deref(), reuse, json);
-        }
-        Cmd::Umount {
-            sandbox,
-            purge,
-            force,
-        } => return node::umount(socket, &sandbox, purge, force),
-        Cmd::Rm {
-            sandboxes,
-            stopped,
-            all,
-            image,
-            force,
-            json,
-        } => {
-            let sel = json!({"ids": sandboxes, "stopped": stopped, "all": all, "image": image});
-            return node::rm(socket, sel, force, json);
-        }
-        Cmd::Daemon(c) => return node::daemon(socket, c),
-        Cmd::Ps { json } => return node::ps(socket, json),
-        Cmd::Bundle {
-            image,
-            sandbox,
-            dir,
-            cmd,
-        } => return node::bundle(socket, &image, &sandbox, &dir, &cmd),
-        Cmd::Run(a) => return run::run(socket, a),
-        Cmd::Completions(a) => return manual::completions(a),
-        Cmd::Man(a) => return manual::man(a),
-        Cmd::Login(a) => return registry::login(a),
-        Cmd::Logout { registry } => return registry::logout(&registry),
-        cmd => cmd,
+    let Some(cli) = run_node(cli)? else {
+        return Ok(());
     };
+    let socket = &cli.socket;
+    let cmd = cli.cmd;
     // Only commands that add to a store create it; the rest need one that exists.
     let create = matches!(cmd, Cmd::Build(_) | Cmd::Import(_));
     let store = open_store(&cli.store, cli.store_timeout, create)?;
@@ -342,5 +298,60 @@ pub fn run(cli: Cli) -> Result<()> {
         | Cmd::Login(_)
         | Cmd::Logout { .. }
         | Cmd::Ps { .. } => Ok(()),
+    }
+}
+
+/// Runs `cli` if it is a command that needs no store (it talks to stratad, or prints help text):
+/// `None` when it ran, else the command back. The lean `strata` binary links only this half
+/// ([`crate::lean_main`]): a node agent's `strata mount` does not load the builder's libraries.
+pub fn run_node(cli: Cli) -> Result<Option<Cli>> {
+    progress::set_mode(cli.progress);
+    let socket = &cli.socket;
+    match cli.cmd {
+        Cmd::Mount {
+            image,
+            sandbox,
+            upper,
+            resume,
+            fresh,
+            json,
+        } => {
+            let reuse = match (resume, fresh) {
+                (true, _) => "resume",
+                (_, true) => "fresh",
+                _ => "refuse",
+            };
+            node::mount(socket, &image, &sandbox, upper.as_deref(), reuse, json).map(|()| None)
+        }
+        Cmd::Umount {
+            sandbox,
+            purge,
+            force,
+        } => node::umount(socket, &sandbox, purge, force).map(|()| None),
+        Cmd::Rm {
+            sandboxes,
+            stopped,
+            all,
+            image,
+            force,
+            json,
+        } => {
+            let sel = json!({"ids": sandboxes, "stopped": stopped, "all": all, "image": image});
+            node::rm(socket, sel, force, json).map(|()| None)
+        }
+        Cmd::Daemon(c) => node::daemon(socket, c).map(|()| None),
+        Cmd::Ps { json } => node::ps(socket, json).map(|()| None),
+        Cmd::Bundle {
+            image,
+            sandbox,
+            dir,
+            cmd,
+        } => node::bundle(socket, &image, &sandbox, &dir, &cmd).map(|()| None),
+        Cmd::Run(a) => run::run(socket, a).map(|()| None),
+        Cmd::Completions(a) => manual::completions(a).map(|()| None),
+        Cmd::Man(a) => manual::man(a).map(|()| None),
+        Cmd::Login(a) => registry::login(a).map(|()| None),
+        Cmd::Logout { registry } => registry::logout(&registry).map(|()| None),
+        cmd => Ok(Some(Cli { cmd, ..cli })),
     }
 }

@@ -1,6 +1,7 @@
 //! The `strata` CLI, built inside this package so that integration tests can run it by path
-//! (`CARGO_BIN_EXE_strata-under-test`).
+//! (`CARGO_BIN_EXE_strata-under-test`): the lean binary, as installed, which hands store commands to
+//! `strata-under-test-full` beside it.
 
 fn main() {
-    strata_tools::main();
+    strata_tools::lean_main();
 }
