@@ -60,7 +60,7 @@ fn die_quietly_on_broken_pipes() {
 /// The `strata` program as installed: the commands that need no store (`mount`, `rm`, `ps`, `daemon`,
 /// `run`, ... — what a node agent runs per sandbox) run here, in a binary that links neither the
 /// builder's index (RocksDB, C++) nor the store clients' runtime, so that starting it costs what a
-/// small program's start costs (2.4 ms against 9 ms for the full CLI, measured in BENCHMARKS.md);
+/// small program's start costs (a quarter of the full CLI's: BENCHMARKS.md, "The CLI's own cost");
 /// every other command is handed, with the same arguments, to the full CLI ([`main`]): the binary
 /// named as this one with `-full` appended, beside it (`strata-full`), else `strata-full` on `PATH`.
 pub fn lean_main() {
