@@ -130,6 +130,47 @@ fn attach(mnt: &OwnedFd, target: &Path) -> Result<(), MountError> {
     .map_err(|e| fail("move_mount", target, e, None))
 }
 
+/// `struct fs_sysfs_path` of `FS_IOC_GETFSSYSFSPATH` (Linux 6.10): a length and up to 128 bytes.
+#[repr(C)]
+struct SysfsPath {
+    len: u8,
+    name: [u8; 128],
+}
+
+/// `_IOR(0x15, 1, struct fs_sysfs_path)`.
+const FS_IOC_GETFSSYSFSPATH: libc::c_ulong = 0x8081_1501;
+
+/// Sets the read-ahead (KiB) of the filesystem mounted at `target`, found through its sysfs name
+/// (`FS_IOC_GETFSSYSFSPATH`, Linux 6.10+; file-backed EROFS names its backing-device info after its
+/// superblock: `/sys/class/bdi/erofs-N/read_ahead_kb`).
+pub fn set_read_ahead(target: &Path, kb: u32) -> io::Result<()> {
+    let dir = std::fs::File::open(target)?;
+    let mut p = SysfsPath {
+        len: 0,
+        name: [0; 128],
+    };
+    // SAFETY: the ioctl writes at most `size_of::<SysfsPath>()` bytes into `p`, which outlives the call.
+    let r = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&dir),
+            FS_IOC_GETFSSYSFSPATH,
+            &mut p as *mut SysfsPath,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let path = String::from_utf8_lossy(&p.name[..usize::from(p.len).min(128)]).into_owned();
+    let name = path.rsplit('/').next().unwrap_or_default();
+    if name.is_empty() || name.contains("..") {
+        return Err(io::Error::other(format!("sysfs name {path:?}")));
+    }
+    std::fs::write(
+        Path::new("/sys/class/bdi").join(name).join("read_ahead_kb"),
+        kb.to_string(),
+    )
+}
+
 /// Whether the kernel mounts EROFS image `source` (a file or a block device) with `devices`: the
 /// superblock is made and a mount created, but never attached anywhere (it goes when this returns).
 /// What the mount-mode probe ([`crate::control::modes`]) tries.

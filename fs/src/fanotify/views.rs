@@ -22,13 +22,13 @@
 //! a registered access covers. Any other event — a reader in this very process included — is served
 //! as every reader's is.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use strata_registry::digest::Digest;
 use strata_registry::store::direct;
@@ -67,6 +67,10 @@ pub struct ViewFile {
     last: AtomicUsize,
     /// Ranges this server is reading or writing itself: `(offset, len)`.
     own: Mutex<Vec<(u64, u64)>>,
+    /// Chunks a thread is filling now: others wanting them wait ([`ViewFile::claim`]) rather than
+    /// fill them again (the kernel's read-ahead has several reads of one chunk in flight at once).
+    filling: Mutex<HashSet<usize>>,
+    filled_cv: Condvar,
 }
 
 /// The view files of a node, by blob and by inode.
@@ -141,6 +145,8 @@ impl Views {
             unmarked: AtomicBool::new(false),
             last: AtomicUsize::new(usize::MAX),
             own: Mutex::default(),
+            filling: Mutex::default(),
+            filled_cv: Condvar::new(),
         });
         let mut by_blob = self.by_blob.write().unwrap_or_else(|p| p.into_inner());
         let v = by_blob.entry(d).or_insert(v).clone();
@@ -230,32 +236,75 @@ impl ViewFile {
         cached_only: bool,
     ) -> Result<(), FillError> {
         for i in range {
-            match self.chunks[i].load(Ordering::Acquire) {
-                FILLED => continue,
-                UNKNOWN if self.holds(i)? => {
-                    self.set_filled(i);
-                    continue;
-                }
-                _ => {}
+            if !self.claim(i) {
+                continue;
             }
-            let bytes = match cached_only {
-                true => match fetcher.cached(&self.blob, i)? {
-                    Some(b) => b,
-                    None => return Ok(()),
-                },
-                false => with_reader(pid, || fetcher.chunk(&self.blob, i))?,
-            };
-            fetcher.read_ahead(&self.blob, i);
-            let c = self.blob.toc.chunks[i];
-            let (mut buf, at) = aligned(c.blocks() * BLOCK_SIZE);
-            bytes.read_at(&mut buf[at..at + c.len as usize], 0)?;
-            let (whole, pos) = (c.blocks() * BLOCK_SIZE, c.block as u64 * BLOCK_SIZE);
-            self.own(pos, whole, || {
-                self.write_all(&buf[at..at + whole as usize], pos)
-            })?;
-            self.set_filled(i);
+            let done = self.fill_one(fetcher, i, pid, cached_only);
+            self.release(i);
+            if !done? {
+                return Ok(());
+            }
         }
         Ok(())
+    }
+
+    /// Takes chunk `i` to fill: `false` when it is filled (perhaps by another thread meanwhile, which
+    /// this one waited for).
+    fn claim(&self, i: usize) -> bool {
+        let mut filling = self.filling.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if self.chunks[i].load(Ordering::Acquire) == FILLED {
+                return false;
+            }
+            if filling.insert(i) {
+                return true;
+            }
+            filling = self
+                .filled_cv
+                .wait(filling)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn release(&self, i: usize) {
+        let mut filling = self.filling.lock().unwrap_or_else(|p| p.into_inner());
+        filling.remove(&i);
+        self.filled_cv.notify_all();
+    }
+
+    /// Fills claimed chunk `i`: `false` when `cached_only` and the chunk would need a fetch.
+    fn fill_one(
+        &self,
+        fetcher: &Arc<Fetcher>,
+        i: usize,
+        pid: u32,
+        cached_only: bool,
+    ) -> Result<bool, FillError> {
+        match self.chunks[i].load(Ordering::Acquire) {
+            FILLED => return Ok(true),
+            UNKNOWN if self.holds(i)? => {
+                self.set_filled(i);
+                return Ok(true);
+            }
+            _ => {}
+        }
+        let bytes = match cached_only {
+            true => match fetcher.cached(&self.blob, i)? {
+                Some(b) => b,
+                None => return Ok(false),
+            },
+            false => with_reader(pid, || fetcher.chunk(&self.blob, i))?,
+        };
+        fetcher.read_ahead(&self.blob, i);
+        let c = self.blob.toc.chunks[i];
+        let (mut buf, at) = aligned(c.blocks() * BLOCK_SIZE);
+        bytes.read_at(&mut buf[at..at + c.len as usize], 0)?;
+        let (whole, pos) = (c.blocks() * BLOCK_SIZE, c.block as u64 * BLOCK_SIZE);
+        self.own(pos, whole, || {
+            self.write_all(&buf[at..at + whole as usize], pos)
+        })?;
+        self.set_filled(i);
+        Ok(true)
     }
 
     fn set_filled(&self, i: usize) {
