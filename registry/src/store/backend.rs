@@ -15,6 +15,11 @@
 //!
 //! A local directory has no conditional put in `object_store`: create-only uses its no-clobber link,
 //! if-match compares versions and writes while holding an exclusive `flock` of the directory.
+//!
+//! An S3 server is probed once, before its first conditional put, for what it does with
+//! `If-None-Match` and `If-Match` ([`super::conditional`]): a server that ignores them makes every
+//! conditional put fail with [`StoreError::NoConditionalWrites`] instead of overwriting blindly, and
+//! one that wants bare ETags in `If-Match` (Ceph radosgw 16) gets them.
 
 use std::ops::Range;
 use std::path::Path as FsPath;
@@ -33,6 +38,7 @@ use object_store::{
 };
 use tokio::io::AsyncReadExt;
 
+use super::conditional::{self, Conditional};
 use super::object::{check_range, timeout, ObjectMeta, PutMode as Mode, StoreBackend, Version};
 use super::{tagfile, StoreError};
 
@@ -47,6 +53,8 @@ pub struct ObjectStoreBackend {
     local: Option<std::path::PathBuf>,
     /// Deadline of every call but a range read (which brings its own).
     deadline: Duration,
+    /// What the S3 server does with conditional puts, once probed.
+    conditional: std::sync::OnceLock<Conditional>,
 }
 
 /// True when an S3 error says the bucket itself is missing (its body's `NoSuchBucket` code, which
@@ -116,6 +124,7 @@ impl ObjectStoreBackend {
             url: format!("file://{}", root.display()),
             local: Some(root.to_path_buf()),
             deadline: super::DEFAULT_STORE_TIMEOUT,
+            conditional: std::sync::OnceLock::new(),
         })
     }
 
@@ -168,6 +177,7 @@ impl ObjectStoreBackend {
             url,
             local: None,
             deadline: super::DEFAULT_STORE_TIMEOUT,
+            conditional: std::sync::OnceLock::new(),
         })
     }
 
@@ -354,6 +364,33 @@ impl ObjectStoreBackend {
         }
     }
 
+    /// What the S3 server does with conditional puts: probed on the first call, then remembered (a
+    /// probe that fails is not).
+    pub fn conditional_writes(&self) -> Result<Conditional, StoreError> {
+        if let Some(c) = self.conditional.get() {
+            return Ok(*c);
+        }
+        let put = |k: &str, d: Bytes, m: Mode| self.within(k, self.put_async(k, d, m));
+        let delete = |k: &str| StoreBackend::delete(self, k);
+        let found = conditional::probe(&conditional::probe_key(), &put, &delete)?;
+        Ok(*self.conditional.get_or_init(|| found))
+    }
+
+    /// A conditional put on S3, as the server understands it (see [`Self::conditional_writes`]).
+    fn put_conditional(&self, key: &str, data: Bytes, mode: Mode) -> Result<Version, StoreError> {
+        let mode = match (self.conditional_writes()?, mode) {
+            (Conditional::Missing(feature), _) => {
+                return Err(StoreError::NoConditionalWrites {
+                    url: self.url.clone(),
+                    feature,
+                })
+            }
+            (Conditional::BareETags, Mode::IfMatch(v)) => Mode::IfMatch(conditional::bare(&v)),
+            (_, mode) => mode,
+        };
+        self.within(key, self.put_async(key, data, mode))
+    }
+
     /// If-match on a local directory: compare and write under the directory's lock.
     fn put_if_match_local(
         &self,
@@ -434,6 +471,7 @@ impl StoreBackend for ObjectStoreBackend {
     fn put(&self, key: &str, data: Bytes, mode: Mode) -> Result<Version, StoreError> {
         match (&self.local, &mode) {
             (Some(root), Mode::IfMatch(prev)) => self.put_if_match_local(root, key, data, prev),
+            (None, Mode::Create | Mode::IfMatch(_)) => self.put_conditional(key, data, mode),
             _ => self.within(key, self.put_async(key, data, mode)),
         }
     }

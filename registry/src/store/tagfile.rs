@@ -40,14 +40,21 @@ pub(super) struct Lock {
 fn lock(root: &Path) -> Result<Lock, StoreError> {
     let dir = root.join("tags");
     std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-    let path = dir.join(".lock");
+    lock_file(&dir.join(".lock"))
+}
+
+/// An exclusive `flock` on the file at `path` (created if missing, with its directory).
+pub(super) fn lock_file(path: &Path) -> Result<Lock, StoreError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    }
     let f = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&path)
-        .map_err(|e| io(&path, e))?;
-    flock(f, &path)
+        .open(path)
+        .map_err(|e| io(path, e))?;
+    flock(f, path)
 }
 
 /// Takes an exclusive `flock` on `f` (opened from `path`), waiting up to [`LOCK_WAIT`]. Each caller
