@@ -1,0 +1,173 @@
+//! `file://` stores on a filesystem shared by several clients: the backend conformance suite on every
+//! client's mount, objects written through one client read through another, and tags moved by
+//! compare-and-swap from several clients at once with no update lost.
+//!
+//! The clients are the mount points in `STRATA_MFS_MOUNTS` (space-separated: one MooseFS volume mounted
+//! several times by `scripts/cluster/moosefs start`, each mount its own FUSE client, session and caches).
+//! Without it the "clients" are one local directory seen twice, so the tests still run (quickly) in
+//! every `cargo test`; `scripts/test` runs them again on MooseFS.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use strata_registry::digest::Digest;
+use strata_registry::model::TagName;
+use strata_registry::store::{
+    conformance, ObjectStoreBackend, PutMode, Store, StoreBackend, StoreError,
+};
+use strata_tests::numbered_manifest;
+
+/// The same directory as each client sees it, and what to remove afterwards.
+struct Clients {
+    roots: Vec<PathBuf>,
+    _local: Option<tempfile::TempDir>,
+}
+
+impl Drop for Clients {
+    fn drop(&mut self) {
+        if self._local.is_none() {
+            let _ = std::fs::remove_dir_all(&self.roots[0]);
+        }
+    }
+}
+
+/// A fresh directory named `name` on the shared volume, as every client sees it.
+fn clients(name: &str) -> Clients {
+    let unique = format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    match std::env::var("STRATA_MFS_MOUNTS") {
+        Ok(m) if !m.trim().is_empty() => {
+            let roots: Vec<PathBuf> = m
+                .split_whitespace()
+                .map(|p| Path::new(p).join(&unique))
+                .collect();
+            assert!(
+                roots.len() >= 2,
+                "STRATA_MFS_MOUNTS needs two mounts or more: {m}"
+            );
+            std::fs::create_dir_all(&roots[0]).expect("mkdir on the shared volume");
+            for r in &roots {
+                assert!(r.is_dir(), "{} is not seen by every client", r.display());
+            }
+            eprintln!("clients: {roots:?}");
+            Clients {
+                roots,
+                _local: None,
+            }
+        }
+        _ => {
+            let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+            let root = dir.path().join(&unique);
+            Clients {
+                roots: vec![root.clone(), root],
+                _local: Some(dir),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_file_store_conforms_on_every_client_and_clients_see_each_others_objects() {
+    let c = clients("conformance");
+    for (i, root) in c.roots.iter().enumerate() {
+        let b = ObjectStoreBackend::local(&root.join(format!("own-{i}"))).expect("local");
+        conformance::run(&b);
+    }
+    let shared: Vec<_> = c
+        .roots
+        .iter()
+        .map(|r| ObjectStoreBackend::local(&r.join("shared")).expect("local"))
+        .collect();
+    let data = Bytes::from((0..300_000u32).map(|i| (i % 253) as u8).collect::<Vec<_>>());
+    shared[0]
+        .put("blobs/x", data.clone(), PutMode::Overwrite)
+        .expect("put");
+    for b in &shared[1..] {
+        assert_eq!(b.get("blobs/x").expect("get").0, data);
+        assert_eq!(b.list("blobs").expect("list"), ["blobs/x"]);
+        let r = b.put("blobs/x", Bytes::from_static(b"other"), PutMode::Create);
+        assert!(matches!(r, Err(StoreError::Precondition(_))), "{r:?}");
+    }
+    // Create-only from every client at once: exactly one wins.
+    let wins: usize = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..8)
+            .map(|i| {
+                let b = &shared[i % shared.len()];
+                s.spawn(move || {
+                    b.put("race/one", Bytes::from(vec![i as u8; 64]), PutMode::Create)
+                        .is_ok() as usize
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("join")).sum()
+    });
+    assert_eq!(wins, 1);
+}
+
+/// Writers on every client move one tag, each from what it read to a manifest of its own, `rounds`
+/// times. Every successful move is recorded as (from, to): with a true compare-and-swap no two
+/// moves start from the same value (a lost update), and the moves form one chain to the final value.
+#[test]
+fn tag_compare_and_swap_holds_across_clients() {
+    let c = clients("tags");
+    let stores: Vec<Arc<Store>> = c
+        .roots
+        .iter()
+        .map(|r| {
+            Arc::new(Store::open(&format!("file://{}", r.join("store").display())).expect("open"))
+        })
+        .collect();
+    let t = TagName::parse("app:latest").expect("tag");
+    let first = numbered_manifest(&stores[0], 0);
+    stores[0].tag_set(&t, None, &first).expect("create");
+    let (writers, rounds) = (4, 25);
+    let moves: Vec<(Digest, Digest)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..writers)
+            .map(|w| {
+                let store = stores[w % stores.len()].clone();
+                let t = t.clone();
+                s.spawn(move || {
+                    let mut won = Vec::new();
+                    for r in 0..rounds {
+                        let m = numbered_manifest(&store, 1000 * (w + 1) + r);
+                        let seen = store.tag_get(&t).expect("get").expect("tag");
+                        match store.tag_set(&t, Some(&seen), &m) {
+                            Ok(()) => won.push((seen.digest, m)),
+                            Err(StoreError::TagConflict { .. }) => {}
+                            Err(e) => panic!("writer {w}: {e}"),
+                        }
+                    }
+                    won
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .flat_map(|h| h.join().expect("join"))
+            .collect()
+    });
+    let mut next: HashMap<Digest, Digest> = HashMap::new();
+    for (from, to) in &moves {
+        assert!(
+            next.insert(*from, *to).is_none(),
+            "two moves from {from}: an update was lost"
+        );
+    }
+    let mut at = first;
+    let mut steps = 0;
+    while let Some(n) = next.get(&at) {
+        at = *n;
+        steps += 1;
+    }
+    assert_eq!(steps, moves.len(), "the moves do not form one chain");
+    for s in &stores {
+        assert_eq!(s.tag_get(&t).expect("get").expect("tag").digest, at);
+    }
+    eprintln!("{} moves of {} attempts", moves.len(), writers * rounds);
+}
