@@ -10,6 +10,7 @@ pub mod proxy;
 pub mod readers;
 pub mod registry;
 mod s3;
+pub mod tagrace;
 pub mod vm;
 
 pub use daemon::Daemon;

@@ -160,11 +160,20 @@ impl S3Server {
     }
 
     /// Sets the `AWS_*` credentials of this server in this process's environment (for in-process
-    /// clients; the endpoint is given to each explicitly).
+    /// clients; the endpoint is given to each explicitly). moto takes any keys, so for moto only unset
+    /// variables are set: tests run as threads of one process, and a moto test must not replace the
+    /// radosgw keys another test's clients read meanwhile.
     pub fn set_credentials(&self) {
-        std::env::set_var("AWS_ACCESS_KEY_ID", &self.access_key);
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", &self.secret_key);
-        std::env::set_var("AWS_REGION", "us-east-1");
+        let moto = self.child.is_some();
+        for (k, v) in [
+            ("AWS_ACCESS_KEY_ID", self.access_key.as_str()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret_key.as_str()),
+            ("AWS_REGION", "us-east-1"),
+        ] {
+            if !moto || std::env::var_os(k).is_none() {
+                std::env::set_var(k, v);
+            }
+        }
     }
 
     /// A store in `bucket` under `prefix`.

@@ -1,7 +1,8 @@
 //! Conditional writes on real S3 servers: what the backend's probe finds (moto: standard; Ceph radosgw
-//! 16: `If-Match` only with bare ETags), tags moved by compare-and-swap on the server under test, and a
-//! server that ignores the conditional headers — moto behind a proxy that strips them — detected, with
-//! nothing overwritten, and tags still safe under the documented lock (`STRATA_TAG_LOCK`).
+//! 16: `If-Match` only with bare ETags), tags moved by compare-and-swap on the server under test
+//! (racing creators, and movers on two clients of one bucket), and a server that ignores the conditional
+//! headers — moto behind a proxy that strips them — detected, with nothing overwritten, and tags still
+//! safe under the documented lock (`STRATA_TAG_LOCK`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -60,6 +61,13 @@ fn the_probe_finds_what_the_server_does_and_tags_move_by_compare_and_swap() {
         .tag_set(&t, None, &m1)
         .expect("create over the tombstone");
     assert_eq!(racing_creators(&store, "app:race"), 1);
+    // Two clients of the bucket (backends of their own), four writers moving one tag.
+    let other = ObjectStoreBackend::s3("probe", "p", Some(&s3.endpoint())).expect("backend");
+    let clients = [
+        store.clone(),
+        Arc::new(Store::with_backend(Arc::new(other))),
+    ];
+    assert!(strata_tests::tagrace::race(&clients, "app:moving", 4, 15) > 0);
     assert!(
         store.list("tmp").expect("list").is_empty(),
         "the probe left its object"
