@@ -1,6 +1,7 @@
 //! `file://` stores on a filesystem shared by several clients: the backend conformance suite on every
 //! client's mount, objects written through one client read through another, and tags moved by
-//! compare-and-swap from several clients at once with no update lost.
+//! compare-and-swap from several clients at once with no update lost, and gc on one client while a
+//! builder on another has an image in flight.
 //!
 //! The clients are the mount points in `STRATA_MFS_MOUNTS` (space-separated: one MooseFS volume mounted
 //! several times by `scripts/cluster/moosefs start`, each mount its own FUSE client, session and caches).
@@ -120,4 +121,57 @@ fn tag_compare_and_swap_holds_across_clients() {
         })
         .collect();
     assert!(strata_tests::tagrace::race(&stores, "app:latest", 4, 25) > 0);
+}
+
+/// The store of client `i`, with an index cache of its own on local disk (as on separate machines).
+fn client_store(c: &Clients, i: usize, cache: &Path) -> strata_tests::StoreEnv {
+    let mut s = strata_tests::StoreEnv::local(&c.roots[i].join("store"));
+    for (k, v) in s.env.iter_mut() {
+        if k == "STRATA_INDEX_CACHE" {
+            *v = cache.join(format!("client-{i}")).display().to_string();
+        }
+    }
+    s
+}
+
+/// A builder on one client, gc on another: an image still untagged is young and kept; what no tag
+/// reaches goes once past the grace period; every tagged image stays readable from every client.
+#[test]
+fn gc_on_one_client_keeps_what_a_builder_on_another_needs() {
+    let c = clients("gc");
+    let cache = strata_tests::scratch("shared-index");
+    let builder = client_store(&c, 0, cache.path());
+    let collector = client_store(&c, c.roots.len() - 1, cache.path());
+    let files = |seed: u32| vec![("a.bin", strata_tests::random_bytes(300_000, seed))];
+    strata_tests::build_image(&builder, "app:v1", &files(1));
+    // An image built and not yet tagged (a builder in flight), and one no tag will ever name.
+    let src = strata_tests::scratch("gc-untagged");
+    std::fs::write(
+        src.path().join("b.bin"),
+        strata_tests::random_bytes(200_000, 2),
+    )
+    .expect("write");
+    let manifest = builder.ok(&["build", src.path().to_str().expect("utf8")]);
+    let young = strata_tests::json(&collector.ok(&["gc", "--json"]));
+    assert_eq!(young["deleted"].as_u64(), Some(0), "{young}");
+    assert!(young["young"].as_u64().expect("young") >= 3, "{young}");
+    // The builder finishes: the image gets its tag; a collection with no grace keeps it.
+    let digest = manifest.lines().last().expect("digest").trim();
+    builder.ok(&["tag", digest, "app:v2"]);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    strata_tests::build_image(&builder, "gone:v1", &files(3));
+    builder.ok(&["rmi", "gone:v1"]);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let done = strata_tests::json(&collector.ok(&["gc", "--grace", "0s", "--json"]));
+    assert!(done["deleted"].as_u64().expect("deleted") >= 1, "{done}");
+    for s in [&builder, &collector] {
+        let a = s.run(&["cat", "app:v1", "/data/a.bin"]);
+        assert!(
+            a.status.success() && a.stdout == files(1)[0].1,
+            "app:v1 {:?}",
+            a.status
+        );
+        let b = s.run(&["cat", "app:v2", "/b.bin"]);
+        assert!(b.status.success() && b.stdout == strata_tests::random_bytes(200_000, 2));
+    }
 }
