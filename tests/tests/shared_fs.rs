@@ -106,6 +106,26 @@ fn a_file_store_conforms_on_every_client_and_clients_see_each_others_objects() {
         hs.into_iter().map(|h| h.join().expect("join")).sum()
     });
     assert_eq!(wins, 1);
+    // If-match from every client at once, many rounds: exactly one winner each time.
+    for round in 0..20u8 {
+        let k = format!("race/if-match-{round}");
+        let v = shared[0]
+            .put(&k, Bytes::from_static(b"start"), PutMode::Overwrite)
+            .expect("put");
+        let wins: usize = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..6)
+                .map(|i| {
+                    let (b, k, v) = (&shared[i % shared.len()], &k, v.clone());
+                    s.spawn(move || {
+                        b.put(k, Bytes::from(vec![i as u8; 64]), PutMode::IfMatch(v))
+                            .is_ok() as usize
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("join")).sum()
+        });
+        assert_eq!(wins, 1, "round {round}: {wins} if-match writers won");
+    }
 }
 
 /// Writers on every client move one tag at once: compare-and-swap holds ([`strata_tests::tagrace`]).

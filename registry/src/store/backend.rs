@@ -14,7 +14,8 @@
 //! no command waits on a store that accepts and never answers for longer than that.
 //!
 //! A local directory has no conditional put in `object_store`: create-only uses its no-clobber link,
-//! if-match compares versions and writes while holding an exclusive `flock` of the directory.
+//! if-match compares versions and writes while holding the store's exclusive `flock` on `tags/.lock`
+//! (a regular file: on MooseFS `flock` of a directory is local to each client, of a file global).
 //!
 //! An S3 server is probed once, before its first conditional put, for what it does with
 //! `If-None-Match` and `If-Match` ([`super::conditional`]): a server that ignores them makes every
@@ -49,7 +50,7 @@ pub struct ObjectStoreBackend {
     /// Shown in errors.
     url: String,
     /// The root of a local directory, which has no conditional put of its own: if-match is
-    /// read-compare-write under an exclusive `flock` of this directory.
+    /// read-compare-write under the store's exclusive `flock` (`tags/.lock`).
     local: Option<std::path::PathBuf>,
     /// Deadline of every call but a range read (which brings its own).
     deadline: Duration,
@@ -391,7 +392,9 @@ impl ObjectStoreBackend {
         self.within(key, self.put_async(key, data, mode))
     }
 
-    /// If-match on a local directory: compare and write under the directory's lock.
+    /// If-match on a local directory: compare and write under the store's lock. It used to `flock` the
+    /// root directory itself, which MooseFS 3.0 does not share between clients (a file's `flock` it
+    /// does: checked with two mounts), so two machines could both win.
     fn put_if_match_local(
         &self,
         root: &FsPath,
@@ -399,8 +402,7 @@ impl ObjectStoreBackend {
         data: Bytes,
         prev: &Version,
     ) -> Result<Version, StoreError> {
-        let dir = std::fs::File::open(root).map_err(|e| StoreError::io(root, e))?;
-        let _lock = tagfile::flock(dir, root)?;
+        let _lock = tagfile::lock(root)?;
         match self.head(key)? {
             Some(m) if m.version == *prev => {
                 self.within(key, self.put_async(key, data, Mode::Overwrite))
