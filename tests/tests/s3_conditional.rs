@@ -108,6 +108,35 @@ fn a_server_that_ignores_conditional_headers_is_found_out() {
     assert_eq!(racing_creators(&store, "app:race"), 1);
 }
 
+/// The same server through the CLI: `strata tag` exits 6 (a store error) naming the missing feature and
+/// the fallback, writes nothing, and succeeds with `STRATA_TAG_LOCK` set.
+#[test]
+fn the_cli_refuses_tags_on_such_a_server_and_takes_the_lock() {
+    let Some(s3) = S3Server::moto("stripped-cli") else {
+        return;
+    };
+    let proxy = strip_conditions(s3.port);
+    let mut store = s3.store_via("stripped-cli", "p", proxy);
+    let src = strata_tests::scratch("cli-src");
+    std::fs::write(src.path().join("f"), b"hello").expect("write");
+    let layer = store.ok(&["build", src.path().to_str().expect("utf8")]);
+    let layer = layer.lines().last().expect("digest").trim().to_string();
+    let o = store.run(&["tag", &layer, "app:v1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    eprintln!("strata tag: {err}");
+    assert_eq!(o.status.code(), Some(6), "{err}");
+    assert!(
+        err.contains("If-None-Match") && err.contains("STRATA_TAG_LOCK"),
+        "{err}"
+    );
+    assert!(!store.ok(&["images"]).contains("app:v1"));
+    let lock = strata_tests::scratch("cli-lock");
+    let lock = lock.path().join("tags.lock").display().to_string();
+    store.env.push(("STRATA_TAG_LOCK".into(), lock));
+    store.ok(&["tag", &layer, "app:v1"]);
+    assert_eq!(store.ok(&["cat", "app:v1", "/f"]), "hello");
+}
+
 /// A proxy on loopback to `port` that drops `If-Match` and `If-None-Match` from every request: a server
 /// that ignores conditional writes. Returns its port; it runs until the test process ends.
 fn strip_conditions(port: u16) -> u16 {
