@@ -1,4 +1,4 @@
-//! Support for strata's integration tests: a real S3 server on loopback (moto), the CLI under test, a
+//! Support for strata's integration tests: an S3 server on loopback (moto, or Ceph's radosgw: [`S3Server`]), the CLI under test, a
 //! generator of trees holding every kind of entry and metadata, and an entry-by-entry snapshot of a tree
 //! for comparing a source with what the kernel (or `strata ls`/`cat`) shows.
 
@@ -9,18 +9,35 @@ pub mod oci;
 pub mod proxy;
 pub mod readers;
 pub mod registry;
+mod s3;
+pub mod tagrace;
 pub mod vm;
 
 pub use daemon::{test_mount_mode, Daemon};
+pub use s3::{real_s3, S3Server};
+
+/// Stores manifest `n` of a family of distinct, empty manifests (no layers; told apart by an
+/// annotation), for tests of tags, which need manifests that exist and nothing more.
+pub fn numbered_manifest(
+    store: &strata_registry::store::Store,
+    n: usize,
+) -> strata_registry::digest::Digest {
+    let m = strata_registry::model::Manifest {
+        schema: strata_registry::model::SCHEMA,
+        layers: vec![],
+        config: Default::default(),
+        annotations: [("n".to_string(), n.to_string())].into(),
+    };
+    store.put_manifest(&m).expect("manifest")
+}
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr};
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A binary of this package, next to the running test executable's `deps/` directory (cargo builds
@@ -282,131 +299,6 @@ impl StoreEnv {
             std::env::set_var(k, v);
         }
         strata_registry::store::Store::open(&self.url).expect("open store")
-    }
-}
-
-/// moto's S3 server on a free loopback port, with one bucket; stopped when dropped.
-pub struct S3Server {
-    child: Child,
-    pub port: u16,
-    /// The store-wide index caches of this server's stores.
-    index_cache: tempfile::TempDir,
-}
-
-impl S3Server {
-    /// Starts the server and creates `bucket`. Returns `None` when moto is not installed and the test
-    /// may skip ([`have`]); `scripts/setup` installs it.
-    pub fn start(bucket: &str) -> Option<S3Server> {
-        if !have(&[Need::Moto]) {
-            return None;
-        }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        let child = Command::new("python3")
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto");
-        let server = S3Server {
-            child,
-            port,
-            index_cache: scratch("s3-index-cache"),
-        };
-        let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "moto did not start"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        server.http("PUT", &format!("/{bucket}"));
-        Some(server)
-    }
-
-    fn http(&self, method: &str, path: &str) -> String {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect moto");
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            self.port
-        )
-        .expect("request");
-        let mut resp = String::new();
-        let _ = s.read_to_string(&mut resp);
-        resp
-    }
-
-    /// A store in `bucket` under `prefix`.
-    pub fn store(&self, bucket: &str, prefix: &str) -> StoreEnv {
-        StoreEnv {
-            url: format!("s3://{bucket}/{prefix}"),
-            env: vec![
-                (
-                    "AWS_ENDPOINT_URL".into(),
-                    format!("http://127.0.0.1:{}", self.port),
-                ),
-                ("AWS_ACCESS_KEY_ID".into(), "test".into()),
-                ("AWS_SECRET_ACCESS_KEY".into(), "test".into()),
-                ("AWS_REGION".into(), "us-east-1".into()),
-                ("AWS_ALLOW_HTTP".into(), "true".into()),
-                (
-                    "STRATA_INDEX_CACHE".into(),
-                    self.index_cache.path().display().to_string(),
-                ),
-            ],
-        }
-    }
-
-    /// A store in `bucket` under `prefix`, reached through a proxy on `proxy_port` (see [`proxy`]).
-    pub fn store_via(&self, bucket: &str, prefix: &str, proxy_port: u16) -> StoreEnv {
-        let mut store = self.store(bucket, prefix);
-        for (k, v) in store.env.iter_mut() {
-            if k == "AWS_ENDPOINT_URL" {
-                *v = format!("http://127.0.0.1:{proxy_port}");
-            }
-        }
-        store
-    }
-
-    /// Overwrites an object (for corruption tests), through boto3.
-    pub fn put_object(&self, bucket: &str, key: &str, data: &[u8]) {
-        let tmp = scratch("s3put");
-        let f = tmp.path().join("data");
-        std::fs::write(&f, data).expect("write");
-        let script = format!(
-            "import boto3\nc=boto3.client('s3',endpoint_url='http://127.0.0.1:{}',aws_access_key_id='t',aws_secret_access_key='t',region_name='us-east-1')\nc.upload_file({:?},{:?},{:?})\n",
-            self.port,
-            f.display().to_string(),
-            bucket,
-            key
-        );
-        let out = Command::new("python3")
-            .args(["-c", &script])
-            .output()
-            .expect("python3");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -1,4 +1,6 @@
-//! The store seam against real servers: the backend conformance suite over S3 (moto on loopback), and
+//! The store seam against real servers: the backend conformance suite over S3 (moto on loopback, or
+//! radosgw with `STRATA_TEST_S3=radosgw`: [`S3Server`]), what the conditional-write probe finds there and
+//! behind a proxy that strips the conditional headers, and
 //! the range-read deadline against servers on loopback that misbehave — one that accepts connections and
 //! never answers, one that stops in the middle of its headers, one that trickles its body.
 
@@ -12,14 +14,17 @@ use std::time::{Duration, Instant};
 use strata_registry::store::{conformance, ObjectStoreBackend, Store, StoreBackend, StoreError};
 use strata_tests::S3Server;
 
-/// Credentials for S3 clients here (moto takes any); the endpoint is given to each client explicitly.
+/// Credentials for the misbehaving servers here (which take any), set only where none are: tests run in
+/// parallel threads of one process, and `s3_conforms` on radosgw needs the cluster's real keys.
 fn credentials() {
     for (k, v) in [
         ("AWS_ACCESS_KEY_ID", "test"),
         ("AWS_SECRET_ACCESS_KEY", "test"),
         ("AWS_REGION", "us-east-1"),
     ] {
-        std::env::set_var(k, v);
+        if std::env::var_os(k).is_none() {
+            std::env::set_var(k, v);
+        }
     }
 }
 
@@ -28,8 +33,8 @@ fn s3_conforms() {
     let Some(s3) = S3Server::start("conformance") else {
         return;
     };
-    credentials();
-    let endpoint = format!("http://127.0.0.1:{}", s3.port);
+    s3.set_credentials();
+    let endpoint = s3.endpoint();
     for prefix in ["", "some/prefix"] {
         let b = ObjectStoreBackend::s3("conformance", prefix, Some(&endpoint)).expect("s3 backend");
         conformance::run(&b);

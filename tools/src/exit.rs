@@ -46,7 +46,9 @@ fn store_code(e: &StoreError) -> i32 {
         StoreError::NotFound(_) | StoreError::NoStore { .. } | StoreError::NoBucket { .. } => 3,
         StoreError::TagConflict { .. } | StoreError::TagTaken { .. } => 4,
         StoreError::Corrupt { .. } | StoreError::Malformed { .. } | StoreError::Model(_) => 5,
-        StoreError::Backend { .. } | StoreError::Timeout { .. } => 6,
+        StoreError::Backend { .. }
+        | StoreError::Timeout { .. }
+        | StoreError::NoConditionalWrites { .. } => 6,
         StoreError::BadUrl { .. } => 2,
         _ => 1,
     }

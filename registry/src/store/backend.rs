@@ -14,7 +14,13 @@
 //! no command waits on a store that accepts and never answers for longer than that.
 //!
 //! A local directory has no conditional put in `object_store`: create-only uses its no-clobber link,
-//! if-match compares versions and writes while holding an exclusive `flock` of the directory.
+//! if-match compares versions and writes while holding the store's exclusive `flock` on `tags/.lock`
+//! (a regular file: on MooseFS `flock` of a directory is local to each client, of a file global).
+//!
+//! An S3 server is probed once, before its first conditional put, for what it does with
+//! `If-None-Match` and `If-Match` ([`super::conditional`]): a server that ignores them makes every
+//! conditional put fail with [`StoreError::NoConditionalWrites`] instead of overwriting blindly, and
+//! one that wants bare ETags in `If-Match` (Ceph radosgw 16) gets them.
 
 use std::ops::Range;
 use std::path::Path as FsPath;
@@ -33,6 +39,7 @@ use object_store::{
 };
 use tokio::io::AsyncReadExt;
 
+use super::conditional::{self, Conditional};
 use super::object::{check_range, timeout, ObjectMeta, PutMode as Mode, StoreBackend, Version};
 use super::{tagfile, StoreError};
 
@@ -43,10 +50,12 @@ pub struct ObjectStoreBackend {
     /// Shown in errors.
     url: String,
     /// The root of a local directory, which has no conditional put of its own: if-match is
-    /// read-compare-write under an exclusive `flock` of this directory.
+    /// read-compare-write under the store's exclusive `flock` (`tags/.lock`).
     local: Option<std::path::PathBuf>,
     /// Deadline of every call but a range read (which brings its own).
     deadline: Duration,
+    /// What the S3 server does with conditional puts, once probed.
+    conditional: std::sync::OnceLock<Conditional>,
 }
 
 /// True when an S3 error says the bucket itself is missing (its body's `NoSuchBucket` code, which
@@ -116,6 +125,7 @@ impl ObjectStoreBackend {
             url: format!("file://{}", root.display()),
             local: Some(root.to_path_buf()),
             deadline: super::DEFAULT_STORE_TIMEOUT,
+            conditional: std::sync::OnceLock::new(),
         })
     }
 
@@ -168,6 +178,7 @@ impl ObjectStoreBackend {
             url,
             local: None,
             deadline: super::DEFAULT_STORE_TIMEOUT,
+            conditional: std::sync::OnceLock::new(),
         })
     }
 
@@ -354,7 +365,36 @@ impl ObjectStoreBackend {
         }
     }
 
-    /// If-match on a local directory: compare and write under the directory's lock.
+    /// What the S3 server does with conditional puts: probed on the first call, then remembered (a
+    /// probe that fails is not).
+    pub fn conditional_writes(&self) -> Result<Conditional, StoreError> {
+        if let Some(c) = self.conditional.get() {
+            return Ok(*c);
+        }
+        let put = |k: &str, d: Bytes, m: Mode| self.within(k, self.put_async(k, d, m));
+        let delete = |k: &str| StoreBackend::delete(self, k);
+        let found = conditional::probe(&conditional::probe_key(), &put, &delete)?;
+        Ok(*self.conditional.get_or_init(|| found))
+    }
+
+    /// A conditional put on S3, as the server understands it (see [`Self::conditional_writes`]).
+    fn put_conditional(&self, key: &str, data: Bytes, mode: Mode) -> Result<Version, StoreError> {
+        let mode = match (self.conditional_writes()?, mode) {
+            (Conditional::Missing(feature), _) => {
+                return Err(StoreError::NoConditionalWrites {
+                    url: self.url.clone(),
+                    feature,
+                })
+            }
+            (Conditional::BareETags, Mode::IfMatch(v)) => Mode::IfMatch(conditional::bare(&v)),
+            (_, mode) => mode,
+        };
+        self.within(key, self.put_async(key, data, mode))
+    }
+
+    /// If-match on a local directory: compare and write under the store's lock. It used to `flock` the
+    /// root directory itself, which MooseFS 3.0 does not share between clients (a file's `flock` it
+    /// does: checked with two mounts), so two machines could both win.
     fn put_if_match_local(
         &self,
         root: &FsPath,
@@ -362,8 +402,7 @@ impl ObjectStoreBackend {
         data: Bytes,
         prev: &Version,
     ) -> Result<Version, StoreError> {
-        let dir = std::fs::File::open(root).map_err(|e| StoreError::io(root, e))?;
-        let _lock = tagfile::flock(dir, root)?;
+        let _lock = tagfile::lock(root)?;
         match self.head(key)? {
             Some(m) if m.version == *prev => {
                 self.within(key, self.put_async(key, data, Mode::Overwrite))
@@ -434,6 +473,7 @@ impl StoreBackend for ObjectStoreBackend {
     fn put(&self, key: &str, data: Bytes, mode: Mode) -> Result<Version, StoreError> {
         match (&self.local, &mode) {
             (Some(root), Mode::IfMatch(prev)) => self.put_if_match_local(root, key, data, prev),
+            (None, Mode::Create | Mode::IfMatch(_)) => self.put_conditional(key, data, mode),
             _ => self.within(key, self.put_async(key, data, mode)),
         }
     }

@@ -31,6 +31,7 @@
 //! compare-and-swap. Every read of a whole object is verified against its digest before it is returned.
 
 mod backend;
+pub mod conditional;
 #[doc(hidden)]
 pub mod conformance;
 pub mod direct;
@@ -124,6 +125,13 @@ pub enum StoreError {
     /// An `s3://` store whose bucket does not exist (every request answers `NoSuchBucket`).
     #[error("store {url} does not exist (no bucket {bucket}); create the bucket first")]
     NoBucket { url: String, bucket: String },
+    /// An S3 server that ignores a conditional-write header (found by [`conditional`]'s probe):
+    /// nothing was written, since the write could not be made safely.
+    #[error(
+        "{url} ignores {feature}: tags cannot move safely there; nothing was written \
+         (set STRATA_TAG_LOCK to a lock file all tag writers share: docs/STORES.md)"
+    )]
+    NoConditionalWrites { url: String, feature: &'static str },
     #[error("invalid store URL {url:?}: {why}")]
     BadUrl { url: String, why: String },
     #[error("{path}: {source}")]
@@ -214,6 +222,9 @@ pub struct Store {
     backend: Arc<dyn StoreBackend>,
     /// Root directory of a local store.
     local: Option<PathBuf>,
+    /// The lock file that serializes tag changes on an S3 server without conditional writes
+    /// (`STRATA_TAG_LOCK`; see [`tags`]).
+    tag_lock: Option<PathBuf>,
     /// Deadline of a range read.
     pub range_deadline: Duration,
 }
@@ -285,6 +296,9 @@ impl Store {
         Ok(Store {
             backend,
             local,
+            tag_lock: std::env::var_os("STRATA_TAG_LOCK")
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
             range_deadline: Duration::from_secs(30),
         })
     }
@@ -295,8 +309,16 @@ impl Store {
         Store {
             backend,
             local: None,
+            tag_lock: None,
             range_deadline: Duration::from_secs(30),
         }
+    }
+
+    /// The same store with tag changes serialized by `flock` on `path` where the server has no
+    /// conditional writes (what `STRATA_TAG_LOCK` sets for [`Store::open`]; see [`tags`]).
+    pub fn with_tag_lock(mut self, path: PathBuf) -> Store {
+        self.tag_lock = Some(path);
+        self
     }
 
     /// The backend under this store.

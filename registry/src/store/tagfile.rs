@@ -37,22 +37,30 @@ pub(super) struct Lock {
     _file: File,
 }
 
-fn lock(root: &Path) -> Result<Lock, StoreError> {
+/// The store's lock, `tags/.lock`: tag updates, and if-match puts of a local store (`super::backend`).
+pub(super) fn lock(root: &Path) -> Result<Lock, StoreError> {
     let dir = root.join("tags");
     std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-    let path = dir.join(".lock");
+    lock_file(&dir.join(".lock"))
+}
+
+/// An exclusive `flock` on the file at `path` (created if missing, with its directory).
+pub(super) fn lock_file(path: &Path) -> Result<Lock, StoreError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    }
     let f = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&path)
-        .map_err(|e| io(&path, e))?;
-    flock(f, &path)
+        .open(path)
+        .map_err(|e| io(path, e))?;
+    flock(f, path)
 }
 
 /// Takes an exclusive `flock` on `f` (opened from `path`), waiting up to [`LOCK_WAIT`]. Each caller
 /// opens the file anew, so the lock excludes other threads of this process as well as other processes.
-pub(super) fn flock(f: File, path: &Path) -> Result<Lock, StoreError> {
+fn flock(f: File, path: &Path) -> Result<Lock, StoreError> {
     let start = Instant::now();
     loop {
         match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {

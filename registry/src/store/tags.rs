@@ -11,6 +11,12 @@
 //!   later create replaces the tombstone if-match on its version. Tombstones are a few bytes and are
 //!   never removed.
 //!
+//! - **An S3 server that ignores conditional writes** (found by the backend's probe,
+//!   [`super::conditional`]) refuses tag changes with [`StoreError::NoConditionalWrites`] — unless the
+//!   store was opened with a tag lock (`STRATA_TAG_LOCK=<file>`): then a change is read, compare and
+//!   overwrite under an exclusive `flock` of that file, which is safe exactly when every tag writer
+//!   shares it (one machine, or a filesystem with global `flock` such as MooseFS or CephFS).
+//!
 //! **Broken tags.** [`Store::tags`] lists every tag object, and a value that is not a digest, or a key
 //! that is not a tag name, comes back as a [`BrokenTag`] rather than being skipped: garbage collection
 //! must stop rather than take an unreadable tag for an absent one, and `strata images` must name it.
@@ -177,6 +183,17 @@ impl Store {
                 )),
             };
         }
+        self.tag_swap_conditional(t, prev, new)
+    }
+
+    /// Compare-and-swap by the backend's conditional put; on a server without conditional writes, under
+    /// the configured tag lock ([`Store::tag_swap_locked`]) or not at all.
+    fn tag_swap_conditional(
+        &self,
+        t: &TagName,
+        prev: Option<&TagState>,
+        new: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
         let key = tag_key(t);
         let data = Bytes::copy_from_slice(new.unwrap_or(b"deleted\n"));
         let mode = match prev {
@@ -193,11 +210,48 @@ impl Store {
                 None => PutMode::Create,
             },
         };
-        match self.backend.put(&key, data, mode) {
+        match self.backend.put(&key, data.clone(), mode) {
             Ok(_) => Ok(()),
             Err(StoreError::Precondition(_)) => Err(Self::conflict(t, prev, self.found(t)?)),
+            Err(StoreError::NoConditionalWrites { .. }) if self.tag_lock.is_some() => {
+                self.tag_swap_locked(t, prev, data)
+            }
             Err(e) => Err(e),
         }
+    }
+
+    /// The fallback for servers without conditional writes: read, compare and overwrite while holding
+    /// an exclusive `flock` on the tag lock file (`STRATA_TAG_LOCK`). Safe only when every tag writer of
+    /// the store uses the same lock file, on a filesystem whose `flock` is global across the machines
+    /// that write (docs/STORES.md); writers without it are refused by the probe, never let through.
+    fn tag_swap_locked(
+        &self,
+        t: &TagName,
+        prev: Option<&TagState>,
+        data: Bytes,
+    ) -> Result<(), StoreError> {
+        let Some(path) = &self.tag_lock else {
+            return Err(StoreError::NoConditionalWrites {
+                url: self.url().to_string(),
+                feature: super::conditional::NO_CREATE_ONLY,
+            });
+        };
+        let _lock = tagfile::lock_file(path)?;
+        let current = match self.tag_raw(t)? {
+            Some((b, _)) => parse_value(&b),
+            None => Value::Tombstone,
+        };
+        let same = match (prev, &current) {
+            (Some(p), Value::Digest(d)) => p.digest == *d,
+            (None, Value::Tombstone) => true,
+            _ => false,
+        };
+        if !same {
+            return Err(Self::conflict(t, prev, self.found(t)?));
+        }
+        self.backend
+            .put(&tag_key(t), data, PutMode::Overwrite)
+            .map(|_| ())
     }
 
     /// Every tag object: the tags and the manifests they name (sorted), and those that cannot be read.
@@ -328,5 +382,80 @@ mod tests {
                 .expect_err("garbage");
             assert!(e.to_string().contains("garbage:v1"), "{e}");
         }
+    }
+
+    /// A server that ignores conditional headers, as the S3 backend reports it after its probe.
+    struct NoConditions(MemoryStore);
+
+    impl crate::store::StoreBackend for NoConditions {
+        fn url(&self) -> &str {
+            "s3://no-conditions"
+        }
+        fn get(&self, key: &str) -> Result<(Bytes, Version), StoreError> {
+            self.0.get(key)
+        }
+        fn get_range(
+            &self,
+            key: &str,
+            range: std::ops::Range<u64>,
+            deadline: std::time::Duration,
+        ) -> Result<Bytes, StoreError> {
+            self.0.get_range(key, range, deadline)
+        }
+        fn head(&self, key: &str) -> Result<Option<crate::store::ObjectMeta>, StoreError> {
+            self.0.head(key)
+        }
+        fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<Version, StoreError> {
+            match mode {
+                PutMode::Overwrite => self.0.put(key, data, mode),
+                _ => Err(StoreError::NoConditionalWrites {
+                    url: self.url().into(),
+                    feature: crate::store::conditional::NO_IF_MATCH,
+                }),
+            }
+        }
+        fn list_info(&self, prefix: &str) -> Result<Vec<crate::store::ObjectMeta>, StoreError> {
+            self.0.list_info(prefix)
+        }
+        fn delete(&self, key: &str) -> Result<(), StoreError> {
+            self.0.delete(key)
+        }
+    }
+
+    #[test]
+    fn without_conditional_writes_tags_are_refused_unless_a_lock_serializes_them() {
+        let s = Store::with_backend(Arc::new(NoConditions(MemoryStore::new())));
+        let t = TagName::parse("a:v1").expect("tag");
+        let m1 = manifest(&s, 1);
+        let e = s.tag_set(&t, None, &m1).expect_err("no conditional writes");
+        assert!(matches!(e, StoreError::NoConditionalWrites { .. }), "{e}");
+        assert!(e.to_string().contains("STRATA_TAG_LOCK"), "{e}");
+        assert_eq!(s.tag_get(&t).expect("get"), None, "nothing was written");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = Arc::new(s.with_tag_lock(dir.path().join("tags.lock")));
+        let m2 = manifest(&s, 2);
+        s.tag_set(&t, None, &m1).expect("create under the lock");
+        let seen = s.tag_get(&t).expect("get").expect("set");
+        s.tag_set(&t, Some(&seen), &m2).expect("move");
+        let e = s.tag_set(&t, Some(&seen), &m1).expect_err("stale");
+        assert!(matches!(e, StoreError::TagConflict { .. }), "{e}");
+        let now = s.tag_get(&t).expect("get").expect("set");
+        s.tag_delete(&t, &now).expect("delete");
+        assert_eq!(s.tag_get(&t).expect("get"), None);
+
+        // Racing creators of one tag: exactly one wins, the others conflict.
+        let race = TagName::parse("a:race").expect("tag");
+        let wins: usize = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8)
+                .map(|i| {
+                    let (s, race) = (s.clone(), race.clone());
+                    let m = if i % 2 == 0 { m1 } else { m2 };
+                    scope.spawn(move || s.tag_set(&race, None, &m).is_ok() as usize)
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("join")).sum()
+        });
+        assert_eq!(wins, 1);
     }
 }
