@@ -558,6 +558,7 @@ impl Daemon {
             self.trees.remove(d);
             let _ = std::fs::remove_dir(&p);
             self.trim_metadata();
+            self.trim_views();
         }
     }
 

@@ -8,8 +8,10 @@
 //! opened again ([`Daemon::serve_views`]), so no event finds a file the server does not know.
 //!
 //! View files live in `<state>/views/` (a local disk: they are the node's cache of uncompressed
-//! views; see `docs/DAEMON.md` for what bounds them).
+//! views). Releasing a layer trims them to `cache_size`, never deleting a file a mounted layer uses
+//! ([`Daemon::trim_views`]; `docs/DAEMON.md`).
 
+use std::collections::HashSet;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -96,6 +98,37 @@ impl Daemon {
             path: server.views.path(d),
             source: e,
         })
+    }
+
+    /// Trims the view files to the cache's bound (`cache_size`), keeping those of every blob a
+    /// mounted layer names (its metadata's device table). Skipped while a layer is being mounted
+    /// (the next release trims): a layer mounting now may be about to use a file this would delete.
+    pub(crate) fn trim_views(&self) {
+        let Some(server) = &self.views else { return };
+        let Ok(_mounting) = self.layer_lock.try_lock() else {
+            return;
+        };
+        let layers: Vec<Digest> = self.lock().layers.keys().copied().collect();
+        let mut used = HashSet::new();
+        for d in layers {
+            let meta = self.meta_path(&d);
+            match std::fs::read(&meta).map(strata_erofs::reader::ErofsImage::parse) {
+                Ok(Ok(img)) => used.extend(
+                    img.devices()
+                        .iter()
+                        .filter_map(|s| Digest::from_hex(s.tag_hex()?).ok()),
+                ),
+                // Not knowing what a mounted layer reads, trim nothing.
+                _ => {
+                    tracing::warn!(layer = %d, "layer metadata unreadable: view files not trimmed");
+                    return;
+                }
+            }
+        }
+        let (files, bytes) = server.trim(&used, self.config.cache_size);
+        if files > 0 {
+            tracing::info!(files, bytes, "view files trimmed to the cache's bound");
+        }
     }
 
     /// Opens every served blob's view file, then starts reading events (`fanotify` mode).

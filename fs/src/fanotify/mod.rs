@@ -170,6 +170,15 @@ impl Server {
         Ok(self.views.open(blob, |p| g.mark(p))?.path.clone())
     }
 
+    /// Trims the view files to `bound` bytes, keeping every blob in `used` ([`Views::trim`]).
+    pub fn trim(&self, used: &std::collections::HashSet<Digest>, bound: u64) -> (u64, u64) {
+        self.views.trim(used, bound, |p| {
+            if let Err(e) = self.group.unmark(p) {
+                tracing::debug!(path = %p.display(), error = %e, "unwatching a trimmed view file");
+            }
+        })
+    }
+
     /// Answers what a predecessor left (every range filled first), then serves events until
     /// [`Server::stop`]. Every blob whose view file may be read must have been opened ([`Server::view`])
     /// before: events for files the server does not know are denied.

@@ -268,3 +268,44 @@ fn a_successor_answers_what_a_dead_server_read() {
     assert!(next.journal.leftovers().is_empty(), "journal cleared");
     next.stop();
 }
+
+#[test]
+fn trimming_deletes_only_view_files_no_mounted_layer_uses() {
+    let Some(Served {
+        _dir,
+        kit,
+        s,
+        path,
+        want,
+        blob,
+        ..
+    }) = served()
+    else {
+        return;
+    };
+    let (other, _) = kit.blob(&[bytes(50_000, 9)]);
+    let other = Arc::new(other);
+    let other_path = s.view(&other).expect("second view file");
+    assert!(cat(&path).stdout == want);
+    assert!(cat(&other_path).status.success());
+    let used: std::collections::HashSet<Digest> = [blob].into();
+    // Within the bound: nothing goes.
+    assert_eq!(s.trim(&used, u64::MAX), (0, 0));
+    let (files, bytes) = s.trim(&used, 0);
+    assert_eq!(files, 1);
+    assert!(bytes > 0);
+    assert!(!other_path.exists() && s.views.get(&other.blob.digest).is_none());
+    assert!(
+        path.exists(),
+        "a used blob's file stays, whatever the bound"
+    );
+    assert!(cat(&path).stdout == want);
+    // A trimmed blob used again starts over as a hole, filled on demand.
+    let again = s.view(&other).expect("view file again");
+    let out = cat(&again);
+    assert!(
+        out.status.success() && out.stdout.len() == 53_248,
+        "{out:?}"
+    );
+    s.stop();
+}

@@ -171,6 +171,64 @@ impl Views {
         t.get(d).cloned()
     }
 
+    /// Deletes view files of blobs not in `used` (no mounted layer reads them, so no reader can be
+    /// reading them), least recently filled first, until the files together take at most `bound`
+    /// bytes of disk; `unmark` is called on each before it goes. Files of `used` blobs are never
+    /// touched (a hole punched under a mounted layer could be read by a read already allowed).
+    /// Returns the files and bytes freed.
+    pub fn trim(&self, used: &HashSet<Digest>, bound: u64, unmark: impl Fn(&Path)) -> (u64, u64) {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return (0, 0);
+        };
+        let mut total = 0u64;
+        let mut idle = Vec::new();
+        for e in rd.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            let bytes = m.blocks() * 512;
+            total += bytes;
+            let digest = e
+                .file_name()
+                .to_str()
+                .and_then(|n| Digest::from_hex(n).ok());
+            match digest {
+                Some(d) if !used.contains(&d) => idle.push((m.mtime(), bytes, d, e.path())),
+                _ => {}
+            }
+        }
+        idle.sort_by_key(|x| x.0);
+        let (mut files, mut freed) = (0, 0);
+        for (_, bytes, d, path) in idle {
+            if total <= bound {
+                break;
+            }
+            if let Some(v) = self.forget(&d) {
+                if !v.unmarked.load(Ordering::Acquire) {
+                    unmark(&path);
+                }
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                total -= bytes;
+                freed += bytes;
+                files += 1;
+            }
+        }
+        (files, freed)
+    }
+
+    /// Drops blob `d`'s view file from the maps (the file stays).
+    fn forget(&self, d: &Digest) -> Option<Arc<ViewFile>> {
+        let v = self
+            .by_blob
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(d)?;
+        self.by_inode
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, f| !Arc::ptr_eq(f, &v));
+        Some(v)
+    }
+
     /// The view file behind an event's descriptor.
     pub fn by_fd(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<Arc<ViewFile>, FillError> {
         let st = rustix::fs::fstat(fd).map_err(|e| FillError::Io {
