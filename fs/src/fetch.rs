@@ -170,6 +170,18 @@ struct Flight {
     cv: Condvar,
 }
 
+impl Flight {
+    /// The fetch's outcome, waiting up to `left` for it (`None`: not done by then).
+    fn wait(&self, left: Duration) -> Outcome {
+        let guard = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        let (guard, _) = self
+            .cv
+            .wait_timeout_while(guard, left, |d| d.is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        guard.clone()
+    }
+}
+
 /// Fetches chunks into the cache; shared by every blob the node serves.
 pub struct Fetcher {
     store: Arc<Store>,
@@ -323,6 +335,24 @@ impl Fetcher {
         }))
     }
 
+    /// Chunk `i` of `blob` if it is in the cache or on its way there (a fetch in flight, waited for up
+    /// to the deadline); `None` otherwise — nothing new is fetched. What reading ahead into `fanotify`
+    /// mode's view files takes: the chunks a miss's fetch brought besides its own.
+    pub fn landed(&self, blob: &BlobHandle, i: usize) -> Result<Option<ChunkBytes>, FetchError> {
+        if let Some(b) = self.cached(blob, i)? {
+            return Ok(Some(b));
+        }
+        let c = blob.toc.chunks[i];
+        let Some(flight) = self.lock().get(&c.digest).cloned() else {
+            return Ok(None);
+        };
+        match flight.wait(self.deadline) {
+            Some(Ok(())) => self.cached(blob, i),
+            Some(Err(e)) => Err(e),
+            None => Ok(None),
+        }
+    }
+
     /// Chunk `i` of `blob`, verified.
     pub fn chunk(
         self: &Arc<Self>,
@@ -343,12 +373,7 @@ impl Fetcher {
             match waiting {
                 Some(flight) => {
                     let left = self.deadline.saturating_sub(start.elapsed());
-                    let guard = flight.done.lock().unwrap_or_else(|p| p.into_inner());
-                    let (guard, _) = flight
-                        .cv
-                        .wait_timeout_while(guard, left, |d| d.is_none())
-                        .unwrap_or_else(|p| p.into_inner());
-                    match guard.clone() {
+                    match flight.wait(left) {
                         None => {
                             return Err(FetchError::Timeout {
                                 blob: blob.blob.digest,

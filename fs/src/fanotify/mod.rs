@@ -9,9 +9,9 @@
 //! the event: cached bytes are read by the kernel from the local file, with no copy through this
 //! process, and once read they sit in EROFS's page cache and cause no event at all.
 //!
-//! A reader whose misses follow one another (a sequential read) gets the next chunks filled ahead, after
-//! its own range is answered, from the chunk cache (a miss's fetch brings its missing neighbours
-//! there: reading ahead fetches nothing more); and a view file whose every chunk is
+//! A reader whose misses follow one another (a sequential read) gets the next chunks filled after its
+//! own range is answered — only chunks the miss's fetch brought besides its own (the fetcher's
+//! followers, in the chunk cache or on their way): reading ahead fetches nothing more; and a view file whose every chunk is
 //! filled is no longer watched, so its reads cost no event at all — the kernel's speed.
 //!
 //! **No read sees a hole.** An event is allowed only after every chunk it covers was written and
@@ -355,10 +355,12 @@ impl Context {
         }
         drop(job.fd);
         if sequential && answer == Answer::Allow {
-            // After the answer: the reader goes on while this thread fills what it reads next. A
-            // failure here is the next read's to report.
-            // Only what the chunk cache has (the fetch of the miss brought its neighbours): reading
-            // ahead must not fetch what a reader may never want.
+            // After the answer: the reader goes on while this thread fills what it reads next —
+            // only chunks the miss's fetch brought besides its own (in the chunk cache or on their
+            // way): reading ahead fetches nothing more. Not for scattered misses: filling their
+            // neighbours as well cut the cold import's misses from 454 to 291 but not its time
+            // (1.25 s against 1.30 s, runs vary by ±0.15 s), for more disk writes and CPU. A
+            // failure is the next read's to report.
             let ahead = job.view.ahead(&range, READ_AHEAD);
             if let Err(e) = job.view.fill_cached(&self.fetcher, ahead) {
                 tracing::debug!(blob = %job.view.blob.blob.digest, error = %e, "read-ahead failed");
