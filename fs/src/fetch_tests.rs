@@ -364,3 +364,35 @@ fn a_miss_fetches_the_missing_chunks_behind_it_in_the_background() {
     // Without a bound nothing is fetched behind.
     assert_eq!(kit.fetcher.max_behind, 0);
 }
+
+#[test]
+fn landed_waits_for_a_fetch_in_flight_and_never_starts_one() {
+    let kit = Kit::new(Duration::from_secs(5));
+    let data = bytes(64 << 10, 7);
+    let (blob, k) = kit.blob(std::slice::from_ref(&data));
+    let blob = Arc::new(blob);
+    kit.faults.reset_counts();
+    // Neither cached nor in flight: nothing, and no request.
+    assert!(kit.fetcher.landed(&blob, 0).expect("landed").is_none());
+    assert_eq!(kit.faults.reads(&k), 0, "landed fetched");
+    // In flight (a slow fetch by a reader): waited for, then the bytes.
+    let slow = kit.faults.inject(
+        Fault::delay(Duration::from_millis(200))
+            .key(&k)
+            .ops(&[Op::GetRange]),
+    );
+    let reader = {
+        let (f, b) = (kit.fetcher.clone(), blob.clone());
+        std::thread::spawn(move || f.chunk(&b, 0).map(|c| read(&c, 64 << 10)))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let got = kit
+        .fetcher
+        .landed(&blob, 0)
+        .expect("landed")
+        .expect("bytes");
+    assert_eq!(read(&got, 64 << 10), data);
+    assert_eq!(reader.join().expect("reader").expect("chunk"), data);
+    assert_eq!(kit.faults.reads(&k), 1, "one request in all");
+    kit.faults.remove(slow);
+}
