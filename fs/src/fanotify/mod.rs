@@ -28,10 +28,12 @@
 //! range is filled. Until then it holds each recorded number in its own descriptor table (a
 //! placeholder `dup`ed to exactly that number, or the number is already taken): the kernel then cannot
 //! give the number to a new event, so no answer can reach an event it was not meant for (the kernel
-//! answers the oldest event of a number). Left open: an event read but not yet recorded when the server
-//! was killed (a window of a few instructions after `read` returns) is lost, and its reader waits
-//! until the group is closed; the FUSE journal closes that window by reading into shared memory, which
-//! fanotify's descriptor numbers make pointless (a successor could not map them to files).
+//! answers the oldest event of a number). **Left open:** an event is recorded only when the event loop
+//! comes to it in the batch it read, so a server killed between the read and those records loses the
+//! rest of the batch, and their readers wait until the group is closed (a hang seen in one CI run of
+//! five under busy readers). The fix: read events straight into shared memory kept with the group (as
+//! the FUSE journal's read areas), and have a successor fill a stranded event's range in every view
+//! file, since the file of an unrecorded event is not known.
 
 pub mod sys;
 pub mod views;
