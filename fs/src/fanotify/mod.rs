@@ -28,13 +28,13 @@
 //! range is filled. Until then it holds each recorded number in its own descriptor table (a
 //! placeholder `dup`ed to exactly that number, or the number is already taken): the kernel then cannot
 //! give the number to a new event, so no answer can reach an event it was not meant for (the kernel
-//! answers the oldest event of a number). **Left open:** an event is recorded only when the event loop
-//! comes to it in the batch it read, so a server killed between the read and those records loses the
-//! rest of the batch, and their readers wait until the group is closed (a hang seen in one CI run of
-//! five under busy readers). The fix: read events straight into shared memory kept with the group (as
-//! the FUSE journal's read areas), and have a successor fill a stranded event's range in every view
-//! file, since the file of an unrecorded event is not known.
+//! answers the oldest event of a number). Events are read in batches straight into shared memory kept
+//! with the journal ([`area`]), so a server killed between a read and its records strands nothing: a
+//! successor finds the batch there, records what no slot holds, fills each range (in every view file
+//! when the dead server had not yet learned the event's blob) and answers it. The numbers are taken
+//! and held when the successor is made ([`Server::new`]), before its start opens more descriptors.
 
+pub mod area;
 pub mod sys;
 pub mod views;
 
@@ -49,8 +49,9 @@ use strata_registry::digest::Digest;
 
 use crate::blobfs::BlobTable;
 use crate::fetch::{BlobHandle, Fetcher};
-use crate::fuse::journal::Journal;
+use crate::fuse::journal::{Journal, Leftover};
 use crate::metrics::Metrics;
+use area::EventArea;
 use sys::{Answer, Group};
 use views::{FillError, ViewFile, Views};
 
@@ -62,8 +63,6 @@ pub const JOURNAL: &str = "fanotify-journal";
 const JOURNAL_SLOTS: usize = 1024;
 /// Threads filling ranges (each waits on fetches; a local store keeps few busy).
 const WORKERS: usize = 16;
-/// Events read at a time.
-const BATCH: usize = 64;
 /// Chunks filled ahead of a sequential reader's miss (the blob server's read-ahead, `fetch::READ_AHEAD`).
 const READ_AHEAD: usize = crate::fetch::READ_AHEAD;
 /// How often the event loop looks at its stop flag.
@@ -84,10 +83,9 @@ pub struct Stats {
 
 /// A range to fill, then answer.
 struct Job {
-    /// The event's descriptor, or for an event a predecessor left, the placeholder holding its number
-    /// (if this server had to take it): closed only after the answer, so that the number cannot go to
-    /// another event before.
-    fd: Option<OwnedFd>,
+    /// The event's descriptor: closed only after the answer, so that its number cannot go to another
+    /// event before.
+    fd: OwnedFd,
     number: RawFd,
     view: Arc<ViewFile>,
     offset: u64,
@@ -95,6 +93,29 @@ struct Job {
     pid: u32,
     slot: Option<usize>,
 }
+
+/// A read a predecessor took and did not answer: its range is filled in its blob's view file — in
+/// every view file when the predecessor died before it knew the blob — then it is answered.
+struct Adopted {
+    /// The placeholder holding the event's number in this process, if this server took it (see the
+    /// module documentation); closed after the answer.
+    hold: Option<OwnedFd>,
+    number: RawFd,
+    views: Vec<Arc<ViewFile>>,
+    offset: u64,
+    count: u64,
+    pid: u32,
+    slot: usize,
+}
+
+/// What the fill threads take.
+enum Work {
+    Event(Job),
+    Adopted(Adopted),
+}
+
+/// A journal record's blob when the event's blob was not known: every view file is filled.
+const ANY_BLOB: Digest = Digest([0; 32]);
 
 /// The pre-content server of a node.
 pub struct Server {
@@ -108,6 +129,8 @@ pub struct Server {
     pub stats: Arc<Stats>,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// What a predecessor left, each number held: taken when the server is made, answered by `run`.
+    left: Mutex<Vec<(Leftover, Option<OwnedFd>)>>,
 }
 
 /// Why the server could not start.
@@ -134,14 +157,19 @@ impl Server {
         metrics: Arc<Metrics>,
         table: Arc<BlobTable>,
     ) -> Result<Server, StartError> {
-        let (group, journal) = match kept {
-            Some((g, j)) => (
-                Group::from_fd(g),
-                Journal::from_fd(j).map_err(StartError::Journal)?,
-            ),
+        let (group, journal, left) = match kept {
+            Some((g, j)) => {
+                let (group, journal) = (
+                    Group::from_fd(g),
+                    Journal::from_fd(j).map_err(StartError::Journal)?,
+                );
+                let left = take_leftovers(&group, &journal);
+                (group, journal, left)
+            }
             None => (
                 Group::new().map_err(StartError::Group)?,
                 Journal::create_with(JOURNAL_SLOTS).map_err(StartError::Journal)?,
+                Vec::new(),
             ),
         };
         let views = Views::new(views_dir).map_err(|source| StartError::Views {
@@ -158,6 +186,7 @@ impl Server {
             stats: Arc::default(),
             stop: Arc::default(),
             threads: Mutex::default(),
+            left: Mutex::new(left),
         })
     }
 
@@ -186,7 +215,7 @@ impl Server {
     /// before: events for files the server does not know are denied.
     pub fn run(&self) {
         let leftovers = self.leftover_jobs();
-        let (tx, rx) = mpsc::channel::<Job>();
+        let (tx, rx) = mpsc::channel::<Work>();
         let rx = Arc::new(Mutex::new(rx));
         let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         for i in 0..WORKERS {
@@ -196,7 +225,8 @@ impl Server {
                 .spawn(move || loop {
                     let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                     match job {
-                        Ok(job) => ctx.finish(job),
+                        Ok(Work::Event(job)) => ctx.finish(job),
+                        Ok(Work::Adopted(a)) => ctx.adopt(a),
                         Err(_) => break,
                     }
                 });
@@ -205,9 +235,9 @@ impl Server {
                 Err(e) => tracing::error!(error = %e, "cannot start a fill thread"),
             }
         }
-        for job in leftovers {
-            if let Err(mpsc::SendError(job)) = tx.send(job) {
-                self.context().finish(job);
+        for a in leftovers {
+            if let Err(mpsc::SendError(Work::Adopted(a))) = tx.send(Work::Adopted(a)) {
+                self.context().adopt(a);
             }
         }
         let ctx = self.context();
@@ -251,10 +281,10 @@ impl Server {
         }
     }
 
-    /// Jobs for the events a predecessor read and did not answer, each number held (see the module
-    /// documentation). Call before reading new events.
-    fn leftover_jobs(&self) -> Vec<Job> {
-        let left = self.journal.leftovers();
+    /// The reads a predecessor left (taken and held by [`Server::new`]). Call before reading new
+    /// events, with every view file open ([`Server::view`]).
+    fn leftover_jobs(&self) -> Vec<Adopted> {
+        let left = std::mem::take(&mut *self.left.lock().unwrap_or_else(|p| p.into_inner()));
         if !left.is_empty() {
             tracing::info!(
                 events = left.len(),
@@ -262,7 +292,7 @@ impl Server {
             );
         }
         let mut jobs = Vec::new();
-        for l in left {
+        for (l, hold) in left {
             let Some((digest, offset, count, pid)) = decode(&l.bytes) else {
                 tracing::error!(slot = l.slot, "unreadable fanotify journal record: dropped");
                 self.journal.clear(l.slot);
@@ -270,24 +300,69 @@ impl Server {
             };
             let number = (l.unique - 1) as RawFd;
             self.stats.adopted.fetch_add(1, Ordering::Relaxed);
-            let Some(view) = self.views.get(&digest) else {
+            let views = match digest {
+                ANY_BLOB => self.views.all(),
+                d => self.views.get(&d).into_iter().collect(),
+            };
+            if views.is_empty() && digest != ANY_BLOB {
                 tracing::error!(blob = %digest, "a left read of a blob this server does not serve: denied");
                 let _ = self.group.answer(number, Answer::Deny(libc::EIO));
                 self.journal.clear(l.slot);
                 continue;
-            };
-            jobs.push(Job {
-                fd: hold_number(number),
+            }
+            jobs.push(Adopted {
+                hold,
                 number,
-                view,
+                views,
                 offset,
                 count,
                 pid,
-                slot: Some(l.slot),
+                slot: l.slot,
             });
         }
         jobs
     }
+}
+
+/// Takes what a dead predecessor left (before this server reads an event): the reads in its journal,
+/// and those of its last batch in the event area that it had not recorded — recorded now, so that a
+/// successor of this server finds them too if it dies first. The predecessor's own accesses and
+/// events without content are answered at once (nothing to fill). Every number left is held
+/// ([`hold_number`]).
+fn take_leftovers(group: &Group, journal: &Journal) -> Vec<(Leftover, Option<OwnedFd>)> {
+    let mut left = journal.slot_leftovers();
+    let stranded = EventArea::of(journal)
+        .map(|a| a.stranded())
+        .unwrap_or_default();
+    for (ev, blob) in stranded.events {
+        let Some(number) = ev.fd else { continue };
+        let unique = number as u64 + 1;
+        if left.iter().any(|l| l.unique == unique) {
+            continue; // recorded: the same event (its number stayed taken until it was cleared)
+        }
+        match ev.range.filter(|_| ev.mask & sys::FAN_PRE_ACCESS != 0) {
+            Some((offset, count)) if ev.pid != stranded.pid => {
+                let bytes = encode(&blob.unwrap_or(ANY_BLOB), offset, count, ev.pid);
+                let slot = journal.record(unique, &bytes).unwrap_or(usize::MAX);
+                left.push(Leftover {
+                    slot,
+                    unique,
+                    bytes,
+                });
+            }
+            _ => {
+                if let Err(e) = group.answer(number, Answer::Allow) {
+                    tracing::debug!(fd = number, error = %e, "a left event needing no fill");
+                }
+            }
+        }
+    }
+    left.into_iter()
+        .map(|l| {
+            let hold = hold_number((l.unique - 1) as RawFd);
+            (l, hold)
+        })
+        .collect()
 }
 
 /// Takes descriptor number `n` in this process with a placeholder, if it is free: `None` if it is
@@ -371,6 +446,31 @@ impl Context {
         self.unmark_if_complete(&job.view);
     }
 
+    /// Fills what a predecessor left, then answers it: allowed only if its range is in every view
+    /// file it was filled in.
+    fn adopt(&self, a: Adopted) {
+        let mut answer = Answer::Allow;
+        for v in &a.views {
+            if self.fill(v, a.offset, a.count, a.pid) != Answer::Allow {
+                answer = Answer::Deny(libc::EIO);
+            }
+        }
+        match self.group.answer(a.number, answer) {
+            // The predecessor had answered it (a read it allowed at once, or one it answered just
+            // before it died): nothing waits on that number.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                tracing::debug!(fd = a.number, "a left event was answered already")
+            }
+            Err(e) => tracing::error!(fd = a.number, error = %e, "cannot answer a left event"),
+            Ok(()) => {}
+        }
+        self.journal.clear(a.slot);
+        drop(a.hold);
+        for v in &a.views {
+            self.unmark_if_complete(v);
+        }
+    }
+
     /// Stops watching a view file once every chunk is in it: its reads then cost no event at all.
     fn unmark_if_complete(&self, view: &ViewFile) {
         if view.complete() && !view.unmarked.swap(true, Ordering::AcqRel) {
@@ -391,9 +491,28 @@ impl Context {
     }
 }
 
-fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender<Job>) {
+/// Reads the next batch of events: into the journal's event area when it has one (so that a
+/// successor finds them, see [`area`]), else into `fallback`.
+fn read_batch(
+    group: &Group,
+    area: Option<&EventArea<'_>>,
+    fallback: &mut [u8],
+) -> std::io::Result<Vec<sys::Event>> {
+    let buf = match area {
+        Some(a) => a.arm(std::process::id()),
+        None => fallback,
+    };
+    let n = group.read(buf)?;
+    sys::parse(&buf[..n]).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender<Work>) {
     let me = std::process::id();
-    let mut buf = vec![0u8; BATCH * sys::EVENT_WITH_RANGE];
+    let area = EventArea::of(&ctx.journal);
+    if area.is_none() {
+        tracing::warn!("the fanotify journal has no event area: a kill between reading and recording an event strands its reader");
+    }
+    let mut fallback = vec![0u8; area::EVENTS_LEN];
     while !stop.load(Ordering::Acquire) {
         match ctx.group.wait(POLL_MS) {
             Ok(true) => {}
@@ -404,22 +523,15 @@ fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender
                 continue;
             }
         }
-        let n = match ctx.group.read(&mut buf) {
-            Ok(n) => n,
+        let events = match read_batch(&ctx.group, area.as_ref(), &mut fallback) {
+            Ok(ev) => ev,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => {
-                tracing::error!(error = %e, "reading fanotify events");
+                tracing::error!(error = %e, "reading fanotify events: their readers wait");
                 continue;
             }
         };
-        let events = match sys::parse(&buf[..n]) {
-            Ok(ev) => ev,
-            Err(e) => {
-                tracing::error!(error = %e, "fanotify events not understood: their readers wait");
-                continue;
-            }
-        };
-        for ev in events {
+        for (i, ev) in events.into_iter().enumerate() {
             let Some(number) = ev.fd else { continue };
             // SAFETY: the kernel installed this descriptor in this process for this event alone.
             let fd = unsafe { OwnedFd::from_raw_fd(number) };
@@ -436,6 +548,9 @@ fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender
                     continue;
                 }
             };
+            if let Some(a) = &area {
+                a.resolve(i, &view.blob.blob.digest);
+            }
             let own = ev.pid == me && view.is_own(offset, count);
             let range = view.chunks_in(offset, count);
             if !own && ctx.table.trace.is_on() {
@@ -451,7 +566,7 @@ fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender
             let record = encode(&view.blob.blob.digest, offset, count, ev.pid);
             let slot = ctx.journal.record(number as u64 + 1, &record);
             let job = Job {
-                fd: Some(fd),
+                fd,
                 number,
                 view,
                 offset,
@@ -459,7 +574,7 @@ fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender
                 pid: ev.pid,
                 slot,
             };
-            if let Err(mpsc::SendError(job)) = tx.send(job) {
+            if let Err(mpsc::SendError(Work::Event(job))) = tx.send(Work::Event(job)) {
                 ctx.finish(job);
             }
         }

@@ -206,11 +206,21 @@ fn a_failed_fetch_is_an_error_never_a_hole() {
     s.stop();
 }
 
-#[test]
-fn a_successor_answers_what_a_dead_server_read() {
+/// A server about to "die" with a reader (`cat`) waiting on its group, and what its successor needs.
+struct Handover {
+    _dir: tempfile::TempDir,
+    kit: Kit,
+    h: Arc<BlobHandle>,
+    want: Vec<u8>,
+    views: std::path::PathBuf,
+    dead: Server,
+    reader: std::thread::JoinHandle<std::process::Output>,
+}
+
+fn handover() -> Option<Handover> {
     let dir = tempfile::tempdir().expect("tempdir");
     if !have_events(dir.path()) {
-        return;
+        return None;
     }
     let kit = Kit::new(Duration::from_secs(5));
     let (h, _, want) = blob(&kit);
@@ -224,49 +234,117 @@ fn a_successor_answers_what_a_dead_server_read() {
     )
     .expect("server");
     let path = dead.view(&h).expect("view file");
-    // A reader waits on the group; the "dead" server reads and records its event, then never answers.
-    let reader = std::thread::spawn({
-        let path = path.clone();
-        move || cat(&path)
-    });
-    let mut buf = vec![0u8; 4096];
-    let ev = loop {
-        assert!(dead.group.wait(5000).expect("poll"), "no event");
-        let n = dead.group.read(&mut buf).expect("read event");
-        let evs = sys::parse(&buf[..n]).expect("parse");
-        if let Some(ev) = evs.into_iter().next() {
-            break ev;
+    let reader = std::thread::spawn(move || cat(&path));
+    Some(Handover {
+        _dir: dir,
+        kit,
+        h,
+        want,
+        views,
+        dead,
+        reader,
+    })
+}
+
+impl Handover {
+    /// The dead server's next batch of events, read as its event loop reads them (into its area).
+    fn read(&self) -> Vec<Event> {
+        let area = EventArea::of(&self.dead.journal).expect("event area");
+        loop {
+            assert!(self.dead.group.wait(5000).expect("poll"), "no event");
+            match read_batch(&self.dead.group, Some(&area), &mut []) {
+                Ok(evs) if !evs.is_empty() => return evs,
+                Ok(_) => {}
+                Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}"),
+            }
         }
-    };
-    let number = ev.fd.expect("event fd");
+    }
+
+    /// The server dies (its event descriptors close as a dead process's would) and a successor
+    /// starts on what it kept: the waiting reader gets the view's bytes and the journal is left empty.
+    fn die_after(self, evs: &[Event]) -> Server {
+        for ev in evs {
+            drop(unsafe { OwnedFd::from_raw_fd(ev.fd.expect("event fd")) });
+        }
+        let kept = (
+            rustix::io::dup(self.dead.group.fd()).expect("dup group"),
+            rustix::io::dup(self.dead.journal.fd()).expect("dup journal"),
+        );
+        let m = self.kit.metrics.clone();
+        let next = Server::new(
+            &self.views,
+            Some(kept),
+            self.kit.fetcher.clone(),
+            m,
+            Arc::default(),
+        )
+        .expect("successor");
+        drop(self.dead);
+        next.view(&self.h).expect("view file again");
+        next.run();
+        let out = self.reader.join().expect("reader");
+        assert!(out.status.success(), "{out:?}");
+        assert!(out.stdout == self.want, "the waiting reader got the bytes");
+        assert!(next.journal.slot_leftovers().is_empty(), "journal cleared");
+        next
+    }
+}
+
+#[test]
+fn a_successor_answers_what_a_dead_server_read() {
+    let Some(t) = handover() else { return };
+    // The "dead" server reads and records its event, then never answers.
+    let evs = t.read();
+    let ev = &evs[0];
     let (offset, count) = ev.range.expect("range");
-    let slot = dead.journal.record(
-        number as u64 + 1,
-        &encode(&h.blob.digest, offset, count, ev.pid),
-    );
-    assert!(slot.is_some());
-    // The dead server's descriptor goes as a dead process's would; its number is free again.
-    drop(unsafe { OwnedFd::from_raw_fd(number) });
-    let kept = (
-        rustix::io::dup(dead.group.fd()).expect("dup group"),
-        rustix::io::dup(dead.journal.fd()).expect("dup journal"),
-    );
-    let next = Server::new(
-        &views,
-        Some(kept),
-        kit.fetcher.clone(),
-        kit.metrics.clone(),
-        Arc::default(),
-    )
-    .expect("successor");
-    drop(dead);
-    next.view(&h).expect("view file again");
-    next.run();
-    let out = reader.join().expect("reader");
-    assert!(out.stdout == want, "the waiting reader got the bytes");
-    assert_eq!(next.stats.adopted.load(Ordering::Relaxed), 1);
-    assert!(next.journal.leftovers().is_empty(), "journal cleared");
+    let record = encode(&t.h.blob.digest, offset, count, ev.pid);
+    let number = ev.fd.expect("event fd");
+    assert!(t.dead.journal.record(number as u64 + 1, &record).is_some());
+    let next = t.die_after(&evs);
+    assert_eq!(next.stats.adopted.load(Ordering::Relaxed), evs.len() as u64);
     next.stop();
+}
+
+/// A server killed right after a read returned: nothing recorded, its batch only in the event area
+/// (with its blob found, or not even that). Its successor finds the event there and answers it.
+fn successor_answers_an_unrecorded_event(blob_known: bool) {
+    let Some(t) = handover() else { return };
+    let evs = t.read();
+    if blob_known {
+        let area = EventArea::of(&t.dead.journal).expect("event area");
+        area.resolve(0, &t.h.blob.digest);
+    }
+    let next = t.die_after(&evs);
+    assert_eq!(next.stats.adopted.load(Ordering::Relaxed), evs.len() as u64);
+    next.stop();
+}
+
+#[test]
+fn a_successor_answers_an_event_the_dead_server_read_but_never_recorded() {
+    successor_answers_an_unrecorded_event(true);
+}
+
+#[test]
+fn a_successor_answers_an_event_whose_blob_the_dead_server_never_knew() {
+    successor_answers_an_unrecorded_event(false);
+}
+
+proptest! {
+    /// Whole events written into a zeroed buffer are found again, however many, and nothing past them.
+    #[test]
+    fn the_written_events_of_a_zeroed_buffer_are_found(n in 0usize..area::BATCH, extra in 0usize..100) {
+        let mut buf = vec![0u8; area::EVENTS_LEN + extra];
+        let ev = |i: usize| Event { mask: sys::FAN_PRE_ACCESS, fd: Some(i as i32 + 3), pid: 7, range: Some((i as u64, 4096)) };
+        let mut at = 0;
+        for i in 0..n {
+            let b = sys::encode(&ev(i));
+            buf[at..at + b.len()].copy_from_slice(&b);
+            at += b.len();
+        }
+        prop_assert_eq!(area::written(&buf), at);
+        let got = sys::parse(&buf[..at]).expect("parse");
+        prop_assert_eq!(got, (0..n).map(ev).collect::<Vec<_>>());
+    }
 }
 
 #[test]

@@ -166,6 +166,12 @@ impl Views {
         self.len() == 0
     }
 
+    /// Every open view file.
+    pub fn all(&self) -> Vec<Arc<ViewFile>> {
+        let t = self.by_blob.read().unwrap_or_else(|p| p.into_inner());
+        t.values().cloned().collect()
+    }
+
     pub fn get(&self, d: &Digest) -> Option<Arc<ViewFile>> {
         let t = self.by_blob.read().unwrap_or_else(|p| p.into_inner());
         t.get(d).cloned()

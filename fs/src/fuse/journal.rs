@@ -248,7 +248,10 @@ impl Journal {
         (i < self.areas).then_some(Area { journal: self, i })
     }
 
-    fn slot_leftovers(&self) -> Vec<Leftover> {
+    /// Every published slot (still held, until cleared), and every half-written one freed — without
+    /// looking at the read areas: for a journal whose areas hold something other than FUSE requests
+    /// (the fanotify server's event area, `crate::fanotify`).
+    pub fn slot_leftovers(&self) -> Vec<Leftover> {
         let mut out = Vec::new();
         for slot in 0..self.slots {
             let s = self.state(slot);
@@ -307,6 +310,15 @@ impl Area<'_> {
         self.unique().store(0, Ordering::Release);
         // SAFETY: the area belongs to one worker (its index), which uses one buffer at a time; a
         // successor reads it only after this process died.
+        unsafe { std::slice::from_raw_parts_mut(self.base(), AREA) }
+    }
+
+    /// The whole area as plain bytes, for a server that lays it out itself (the fanotify server's
+    /// event area, `crate::fanotify`; its journal's [`Journal::leftovers`] must not be called). The
+    /// same rule as [`Area::arm`]: one thread uses it, and a successor only after this process died.
+    #[allow(clippy::mut_from_ref)]
+    pub fn raw(&self) -> &mut [u8] {
+        // SAFETY: as in `arm`.
         unsafe { std::slice::from_raw_parts_mut(self.base(), AREA) }
     }
 
