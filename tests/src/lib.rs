@@ -113,6 +113,8 @@ pub enum Need {
     Registry,
     /// containerd 1.6+, `ctr` and the runc shim (`apt-get install containerd`).
     Containerd,
+    /// What [`Need::Mount`] needs and fanotify pre-content events (Linux 6.14+): `fanotify` mode.
+    PreContent,
 }
 
 /// True when `program --version` (or `--help`) runs.
@@ -145,6 +147,9 @@ impl Need {
             Need::Containerd => {
                 "containerd, ctr and containerd-shim-runc-v2 (scripts/setup installs them)"
             }
+            Need::PreContent => {
+                "root, kernel EROFS, /dev/fuse and Linux 6.14+ (pre-content events)"
+            }
         }
     }
 
@@ -174,8 +179,20 @@ impl Need {
             Need::Containerd => {
                 runs("containerd") && runs("ctr") && runs("containerd-shim-runc-v2") && runs("runc")
             }
+            Need::PreContent => Need::Mount.present() && kernel_at_least(6, 14),
         }
     }
+}
+
+/// Whether the running kernel is at least `major.minor`.
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let have = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    have >= (major, minor)
 }
 
 /// True when every one of `needs` is here; otherwise the test skips (or, in CI, fails) — see [`Need`].

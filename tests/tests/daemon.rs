@@ -401,6 +401,46 @@ fn layer_metadata_of_released_layers_is_trimmed_to_its_bound() {
 }
 
 #[test]
+fn view_files_of_released_layers_are_trimmed_never_a_mounted_layers() {
+    if !have(&[Need::PreContent]) {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let (a, b) = (random_bytes(2 << 20, 11), random_bytes(2 << 20, 12));
+    // Not `build_image`: its busybox, deduplicated, would make the second layer name the first's blob.
+    let mut srcs = Vec::new();
+    for (tag, name, data) in [("va:v1", "a.bin", &a), ("vb:v1", "b.bin", &b)] {
+        let src = scratch("img");
+        std::fs::create_dir(src.path().join("data")).expect("mkdir");
+        std::fs::write(src.path().join("data").join(name), data).expect("write");
+        store.ok(&["build", src.path().to_str().expect("utf8"), "-t", tag]);
+        srcs.push(src);
+    }
+    // A bound far below what the two layers read: only files no mounted layer reads may go.
+    let d = Daemon::start(&store, &["--mount-mode", "fanotify", "--cache-size", "1M"]);
+    let views = d.state.path().join("views");
+    let count = || std::fs::read_dir(&views).expect("views dir").count();
+    let read = |root: &str, f: &str| std::fs::read(Path::new(root).join("data").join(f));
+    let ra = d.ok(&["mount", "va:v1", "--sandbox", "a"]);
+    let rb = d.ok(&["mount", "vb:v1", "--sandbox", "b"]);
+    assert!(read(&ra, "a.bin").expect("read a") == a);
+    assert!(read(&rb, "b.bin").expect("read b") == b);
+    assert_eq!(count(), 2, "a view file per layer's blob");
+    d.ok(&["umount", "--sandbox", "a", "--purge"]);
+    assert_eq!(
+        count(),
+        1,
+        "the released layer's view file goes, the mounted one's stays (both over the bound)"
+    );
+    // The mounted layer's file stays, though over the bound; its pages dropped, it reads the same.
+    strata_tests::readers::drop_caches();
+    assert!(read(&rb, "b.bin").expect("read b again") == b);
+    let ra = d.ok(&["mount", "va:v1", "--sandbox", "a2"]);
+    assert!(read(&ra, "a.bin").expect("read a again") == a, "refilled");
+}
+
+#[test]
 fn control_socket_and_blob_files_are_root_only_unless_a_group_is_allowed() {
     if !can_mount() {
         return;

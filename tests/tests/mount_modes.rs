@@ -32,16 +32,6 @@ fn check(state: &Path, mode: &str) -> (bool, serde_json::Value) {
     )
 }
 
-/// Linux 6.12 or later (file-backed EROFS): `auto` must choose `file` there.
-fn kernel_at_least(major: u32, minor: u32) -> bool {
-    let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut it = r
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (it.next().unwrap_or(0), it.next().unwrap_or(0)) >= (major, minor)
-}
-
 #[test]
 fn check_reports_the_modes_of_this_kernel_without_starting() {
     if !can_mount() || !require("Linux 6.12+ (file-backed EROFS)", kernel_at_least(6, 12)) {

@@ -157,6 +157,8 @@ pub(crate) struct LayerMount {
     pub(crate) path: PathBuf,
     /// Stored bytes of the layer (metadata and blobs).
     pub(crate) bytes: u64,
+    /// The blobs the layer reads (`fanotify` mode keeps their view files: [`Daemon::trim_views`]).
+    pub(crate) blobs: Vec<Digest>,
 }
 
 #[derive(Default)]
@@ -438,6 +440,7 @@ impl Daemon {
                 refs: 1,
                 path: target.clone(),
                 bytes,
+                blobs,
             },
         );
         Ok((target, bytes))

@@ -374,7 +374,7 @@ impl Daemon {
         self.restore_vm_layers(&mut st, vm_refs);
         for (d, n) in refs {
             match self.serve_layer(&d) {
-                Ok((_, bytes)) => {
+                Ok((blobs, bytes)) => {
                     let path = runtime.join("layers").join(d.hex());
                     st.layers.insert(
                         d,
@@ -382,6 +382,7 @@ impl Daemon {
                             refs: n,
                             path,
                             bytes,
+                            blobs,
                         },
                     );
                 }

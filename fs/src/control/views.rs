@@ -101,30 +101,19 @@ impl Daemon {
     }
 
     /// Trims the view files to the cache's bound (`cache_size`), keeping those of every blob a
-    /// mounted layer names (its metadata's device table). Skipped while a layer is being mounted
-    /// (the next release trims): a layer mounting now may be about to use a file this would delete.
+    /// mounted layer reads. Skipped while a layer is being mounted (the next release trims): a layer
+    /// mounting now may be about to use a file this would delete.
     pub(crate) fn trim_views(&self) {
         let Some(server) = &self.views else { return };
         let Ok(_mounting) = self.layer_lock.try_lock() else {
             return;
         };
-        let layers: Vec<Digest> = self.lock().layers.keys().copied().collect();
-        let mut used = HashSet::new();
-        for d in layers {
-            let meta = self.meta_path(&d);
-            match std::fs::read(&meta).map(strata_erofs::reader::ErofsImage::parse) {
-                Ok(Ok(img)) => used.extend(
-                    img.devices()
-                        .iter()
-                        .filter_map(|s| Digest::from_hex(s.tag_hex()?).ok()),
-                ),
-                // Not knowing what a mounted layer reads, trim nothing.
-                _ => {
-                    tracing::warn!(layer = %d, "layer metadata unreadable: view files not trimmed");
-                    return;
-                }
-            }
-        }
+        let used: HashSet<Digest> = self
+            .lock()
+            .layers
+            .values()
+            .flat_map(|l| l.blobs.iter().copied())
+            .collect();
         let (files, bytes) = server.trim(&used, self.config.cache_size);
         if files > 0 {
             tracing::info!(files, bytes, "view files trimmed to the cache's bound");
