@@ -21,32 +21,60 @@ pub fn touch(path: &Path) {
 /// Deletes least recently used `*.erofs` files in `dir` whose stem is not in `mounted` until the rest
 /// of the unmounted files total at most `bound` bytes. Returns (files deleted, bytes freed).
 pub fn trim(dir: &Path, mounted: &HashSet<String>, bound: u64) -> (u64, u64) {
+    let judge = |p: &Path, m: &std::fs::Metadata| {
+        let stem = p.file_stem()?.to_str()?;
+        (p.extension()? == "erofs" && !mounted.contains(stem)).then_some(Candidate {
+            bytes: m.len(),
+            keep: false,
+        })
+    };
+    trim_lru(dir, bound, judge, |_| {})
+}
+
+/// How a file counts in [`trim_lru`].
+pub struct Candidate {
+    /// What it takes of the bound.
+    pub bytes: u64,
+    /// It counts, but must not be deleted.
+    pub keep: bool,
+}
+
+/// The trimming both bounded directories share (this one and the `fanotify` mode's view files):
+/// deletes files of `dir`, least recently modified first, until the files counted take at most `bound`
+/// bytes. `judge` says of each file whether it counts (`None`: ignored), how much, and whether it must
+/// be kept; `before` runs on each file just before it is deleted. Returns (files deleted, bytes freed).
+pub fn trim_lru(
+    dir: &Path,
+    bound: u64,
+    judge: impl Fn(&Path, &std::fs::Metadata) -> Option<Candidate>,
+    mut before: impl FnMut(&Path),
+) -> (u64, u64) {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return (0, 0);
     };
-    let mut idle: Vec<(SystemTime, u64, std::path::PathBuf)> = rd
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let p = e.path();
-            let stem = p.file_stem()?.to_str()?.to_string();
-            if p.extension()? != "erofs" || mounted.contains(&stem) {
-                return None;
-            }
-            let m = e.metadata().ok()?;
-            Some((m.modified().ok()?, m.len(), p))
-        })
-        .collect();
-    let mut total: u64 = idle.iter().map(|x| x.1).sum();
+    let mut total = 0u64;
+    let mut idle: Vec<(SystemTime, u64, std::path::PathBuf)> = Vec::new();
+    for e in rd.flatten() {
+        let (p, Ok(m)) = (e.path(), e.metadata()) else {
+            continue;
+        };
+        let Some(c) = judge(&p, &m) else { continue };
+        total += c.bytes;
+        if !c.keep {
+            idle.push((m.modified().unwrap_or(SystemTime::UNIX_EPOCH), c.bytes, p));
+        }
+    }
     idle.sort();
     let (mut files, mut freed) = (0, 0);
-    for (_, len, p) in idle {
+    for (_, bytes, p) in idle {
         if total <= bound {
             break;
         }
+        before(&p);
         if std::fs::remove_file(&p).is_ok() {
-            total -= len;
+            total -= bytes;
             files += 1;
-            freed += len;
+            freed += bytes;
         }
     }
     (files, freed)

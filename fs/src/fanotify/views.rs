@@ -36,6 +36,7 @@ use strata_registry::toc::BLOCK_SIZE;
 
 use crate::attribution::with_reader;
 use crate::fetch::{BlobHandle, FetchError, Fetcher};
+use crate::metadir::{trim_lru, Candidate};
 
 /// Chunk states in a view file's bitmap.
 const UNKNOWN: u8 = 0;
@@ -183,42 +184,20 @@ impl Views {
     /// touched (a hole punched under a mounted layer could be read by a read already allowed).
     /// Returns the files and bytes freed.
     pub fn trim(&self, used: &HashSet<Digest>, bound: u64, unmark: impl Fn(&Path)) -> (u64, u64) {
-        let Ok(rd) = std::fs::read_dir(&self.dir) else {
-            return (0, 0);
+        let digest = |p: &Path| Digest::from_hex(p.file_name()?.to_str()?).ok();
+        let judge = |p: &Path, m: &std::fs::Metadata| {
+            Some(Candidate {
+                bytes: m.blocks() * 512,
+                keep: digest(p).is_none_or(|d| used.contains(&d)),
+            })
         };
-        let mut total = 0u64;
-        let mut idle = Vec::new();
-        for e in rd.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            let bytes = m.blocks() * 512;
-            total += bytes;
-            let digest = e
-                .file_name()
-                .to_str()
-                .and_then(|n| Digest::from_hex(n).ok());
-            match digest {
-                Some(d) if !used.contains(&d) => idle.push((m.mtime(), bytes, d, e.path())),
-                _ => {}
+        let before = |p: &Path| {
+            let forgotten = digest(p).and_then(|d| self.forget(&d));
+            if forgotten.is_some_and(|v| !v.unmarked.load(Ordering::Acquire)) {
+                unmark(p);
             }
-        }
-        idle.sort_by_key(|x| x.0);
-        let (mut files, mut freed) = (0, 0);
-        for (_, bytes, d, path) in idle {
-            if total <= bound {
-                break;
-            }
-            if let Some(v) = self.forget(&d) {
-                if !v.unmarked.load(Ordering::Acquire) {
-                    unmark(&path);
-                }
-            }
-            if std::fs::remove_file(&path).is_ok() {
-                total -= bytes;
-                freed += bytes;
-                files += 1;
-            }
-        }
-        (files, freed)
+        };
+        trim_lru(&self.dir, bound, judge, before)
     }
 
     /// Drops blob `d`'s view file from the maps (the file stays).
