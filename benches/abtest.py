@@ -8,8 +8,11 @@ import of benches/coldstart.py, each from a fresh daemon.
   import  mount fat:v1 on a fresh daemon (empty chunk cache), page cache dropped, and run
           `python3 -c 'import numpy, pandas'` in it with bubblewrap: the time of both
 
-usage: sudo benches/abtest.py seq|import ROUNDS NAME=STRATAD NAME=STRATAD...
-Needs the data of benches/coldstart.py (`coldstart.py prepare`). Prints every measurement, then medians.
+usage: sudo benches/abtest.py seq|import ROUNDS NAME=STRATAD[@MODE] NAME=STRATAD[@MODE]...
+An arm is a stratad binary, optionally with the `--mount-mode` it runs in (`new=/tmp/stratad@fanotify`;
+default: the binary's own default): two binaries, two modes, or both. Needs the data of
+benches/coldstart.py (`coldstart.py prepare`). Prints every measurement (and the `fanotify` counters of
+`GET /v1/status` in that mode), then medians.
 """
 import os, statistics, subprocess, sys, time
 
@@ -57,20 +60,25 @@ def main():
         sys.exit(__doc__)
     bench = seq if sys.argv[1] == "seq" else cold_import
     rounds = int(sys.argv[2])
-    bins = dict(a.split("=", 1) for a in sys.argv[3:])
-    res = {name: {} for name in bins}
+    arms = {}
+    for a in sys.argv[3:]:
+        name, spec = a.split("=", 1)
+        binary, _, mode = spec.partition("@")
+        arms[name] = (binary, ["--mount-mode", mode] if mode else [])
+    res = {name: {} for name in arms}
     for r in range(rounds):
-        order = list(bins) if r % 2 == 0 else list(bins)[::-1]
+        order = list(arms) if r % 2 == 0 else list(arms)[::-1]
         for name in order:
-            stratad.BIN["stratad"] = bins[name]
-            d = stratad.Daemon(STORE, quiet=True)
+            binary, args = arms[name]
+            d = stratad.Daemon(STORE, args=args, quiet=True, binary=binary)
             try:
                 got = bench(d)
+                fan = (d.call("GET", "/v1/status") or {}).get("fanotify")
             finally:
                 d.stop()
             for k, v in got.items():
                 res[name].setdefault(k.rstrip("01"), []).append(v)
-            print(r, name, {k: round(v, 3) for k, v in got.items()}, flush=True)
+            print(r, name, {k: round(v, 3) for k, v in got.items()}, fan or "", flush=True)
     for name, m in res.items():
         print(name, {k: f"median {statistics.median(v):.3f}s of {len(v)}" for k, v in m.items()})
 
