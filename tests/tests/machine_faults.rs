@@ -1,0 +1,408 @@
+//! Faults across machines (issue 23, point 4) on MooseFS, with builders and nodes as separate
+//! (simulated) machines ([`strata_tests::machines`]): a chunk server killed while nodes read, and a
+//! builder killed mid-push. (A node cut from the store is `tests/tests/nodes.rs`.)
+//!
+//! **A chunk server killed** (SIGKILL, by PID): the store's directory has goal 2, and every file in it
+//! is checked to have a copy on each of the two chunk servers first. Three images, each with blobs of
+//! its own (a node's MooseFS client never read them before its phase): both nodes read the first with
+//! both servers up; the server a node's client is talking to is killed and both read the second — the
+//! reads go on from the other copy, with the right bytes, well within stratad's deadline; the server
+//! comes back (its copies register again) and the *other* one is killed, and both read the third from
+//! the server that came back; then it comes back too.
+//!
+//! **A builder killed mid-push**: a build that moves an existing tag (`-t k:v1 --force`) is SIGKILLed at
+//! three moments — its first spool file in `tmp/`, its blob in place, its layer descriptor in place —
+//! and afterwards no tag is broken, `k:v1` still names the old image, everything tags reach is there,
+//! and both nodes mount every tag and read every file; gc then collects what the killed builds left, and
+//! the same build run to the end moves the tag.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use strata_tests::machines::{self, Cluster, Machine};
+use strata_tests::soak;
+use strata_tests::*;
+
+/// stratad's read deadline on the nodes, seconds.
+const DEADLINE: u64 = 10;
+
+/// True when every non-empty file under `dir` (on `m`'s mount) has a copy on each of the two chunk
+/// servers. The MooseFS tools run in the machine's namespace: the master answers them only from the
+/// address of the mount's session.
+fn two_copies_everywhere(m: &Machine, dir: &Path) -> bool {
+    let o = m
+        .command("mfscheckfile")
+        .args(walkdir::WalkDir::new(dir).into_iter().filter_map(|e| {
+            let e = e.ok()?;
+            (e.file_type().is_file() && e.metadata().ok()?.len() > 0).then(|| e.into_path())
+        }))
+        .output()
+        .expect("mfscheckfile (moosefs-client)");
+    let out = String::from_utf8_lossy(&o.stdout);
+    o.status.success()
+        && out.contains("with 2 copies")
+        && !out
+            .lines()
+            .any(|l| l.contains("chunks with") && !l.contains("with 2 copies"))
+}
+
+fn wait_two_copies(m: &Machine, dir: &Path, within: Duration) {
+    let start = Instant::now();
+    while !two_copies_everywhere(m, dir) {
+        assert!(
+            start.elapsed() < within,
+            "the files under {} do not have 2 copies after {within:?}",
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// The chunk server (1 or 2) machine `m`'s MooseFS client has a connection to, if any (ports 9422
+/// and 9522, as `scripts/cluster/moosefs` configures them).
+fn chunkserver_in_use(m: &Machine) -> Option<u8> {
+    let o = m.command("ss").args(["-tnH"]).output().expect("ss");
+    let out = String::from_utf8_lossy(&o.stdout);
+    [(1, ":9422"), (2, ":9522")]
+        .into_iter()
+        .find(|(_, port)| out.lines().any(|l| l.contains("ESTAB") && l.contains(port)))
+        .map(|(n, _)| n)
+}
+
+/// Mounts `tag` on `d` as sandbox `id`, reads every file, checks it against the source; returns the
+/// time the reads took.
+fn read_sandbox(d: &Daemon, tag: &str, id: &str) -> Duration {
+    read_sandbox_with(d, tag, id, &[])
+}
+
+/// [`read_sandbox`] of an image with `extra` files in `/data` besides the usual ones.
+fn read_sandbox_with(d: &Daemon, tag: &str, id: &str, extra: &[(String, Vec<u8>)]) -> Duration {
+    let root = std::path::PathBuf::from(d.ok(&["mount", tag, "--sandbox", id]));
+    let t = Instant::now();
+    if let Err(e) = soak::check_tree_with(&root, extra) {
+        panic!("{tag} in sandbox {id}: {e}");
+    }
+    let took = t.elapsed();
+    d.ok(&["umount", "--sandbox", id, "--purge"]);
+    took
+}
+
+fn kill9(pid: i32) {
+    // SAFETY: a signal to a process whose PID this test's cluster recorded (or its own child).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill {pid}");
+}
+
+/// A chunk server this test killed: started again when dropped (also when the test fails), so that
+/// the cluster stays whole for the tests after.
+struct Down<'a> {
+    cluster: &'a Cluster,
+    n: u8,
+}
+
+impl Down<'_> {
+    /// Starts it again now.
+    fn back(self) {
+        self.cluster.start_chunkserver(self.n);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        let (cluster, n) = (self.cluster, self.n);
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cluster.start_chunkserver(n)
+        }));
+    }
+}
+
+/// SIGKILLs chunk server `n` and waits until it is dead (gone, or a zombie waiting for its reaper).
+fn kill_chunkserver(cluster: &Cluster, n: u8) -> Down<'_> {
+    let pid = cluster.chunkserver_pid(n);
+    kill9(pid);
+    let start = Instant::now();
+    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| !r.trim_start().starts_with('Z'))
+    }) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "chunk server {n} survived SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Down { cluster, n }
+}
+
+#[test]
+fn a_chunk_server_killed_while_nodes_read_is_replaced_by_its_copy() {
+    let Some(cluster) = Cluster::for_nodes() else {
+        return;
+    };
+    let t0 = Instant::now();
+    let sub = format!("cs-kill-{}", std::process::id());
+    let ops = Machine::new(&cluster, "fops", 30);
+    let dir = ops.shared(&sub);
+    std::fs::create_dir_all(&dir).expect("store dir");
+    let goal = ops
+        .command("mfssetgoal")
+        .args(["-r", "2"])
+        .arg(&dir)
+        .output()
+        .expect("mfssetgoal");
+    assert!(
+        goal.status.success(),
+        "mfssetgoal -r 2: {}",
+        String::from_utf8_lossy(&goal.stderr)
+    );
+    let store = ops.store(&sub);
+    for r in 0..3 {
+        let src = ops.disk.path().join(format!("src-{r}"));
+        soak::write_source(&src, 10 + r, r);
+        let o = ops.strata(
+            &store,
+            &[
+                "build",
+                src.to_str().expect("utf8"),
+                "-t",
+                &format!("f:{r}"),
+            ],
+        );
+        assert!(
+            o.status.success(),
+            "build: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    wait_two_copies(&ops, &dir, Duration::from_secs(30));
+    let nodes: Vec<Machine> = (1..=2)
+        .map(|n| Machine::new(&cluster, &format!("fn{n}"), 30 + n))
+        .collect();
+    let flags = ["--read-timeout", "10", "--max-fetch-span", "1M"];
+    let daemons: Vec<Daemon> = nodes
+        .iter()
+        .map(|m| m.daemon(&m.store(&sub), &flags))
+        .collect();
+    // Every sandbox starts before any chunk server dies (its metadata is on the node's disk); what the
+    // phases read is the file data, which no node has read yet.
+    let roots: Vec<Vec<PathBuf>> = daemons
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            (0..3)
+                .map(|r| {
+                    PathBuf::from(d.ok(&[
+                        "mount",
+                        &format!("f:{r}"),
+                        "--sandbox",
+                        &format!("s{i}-{r}"),
+                    ]))
+                })
+                .collect()
+        })
+        .collect();
+    let read_all = |r: usize| -> Vec<Duration> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = roots
+                .iter()
+                .map(|node| {
+                    let root = &node[r];
+                    s.spawn(move || {
+                        let t = Instant::now();
+                        if let Err(e) = soak::check_tree(root) {
+                            panic!("f:{r} at {}: {e}", root.display());
+                        }
+                        t.elapsed()
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("a node's reads failed"))
+                .collect()
+        })
+    };
+    let base = read_all(0);
+    let first = chunkserver_in_use(&nodes[0]).unwrap_or(1);
+    let other = 3 - first;
+    let down = kill_chunkserver(&cluster, first);
+    let t = Instant::now();
+    let without_first = read_all(1);
+    let down_for = t.elapsed();
+    down.back();
+    wait_two_copies(&ops, &dir, Duration::from_secs(60));
+    let down = kill_chunkserver(&cluster, other);
+    let without_other = read_all(2);
+    down.back();
+    wait_two_copies(&ops, &dir, Duration::from_secs(60));
+    drop(daemons);
+    machines::teardown(nodes.into_iter().chain([ops]));
+    eprintln!(
+        "chunk server kill: reads with both up {base:?}; chunk server {first} killed: {without_first:?} \
+         (phase {down_for:?}); back, and {other} killed: {without_other:?}; test {:?}",
+        t0.elapsed()
+    );
+    for d in without_first.iter().chain(&without_other) {
+        assert!(
+            *d < Duration::from_secs(DEADLINE),
+            "a read took {d:?}, past stratad's deadline"
+        );
+    }
+}
+
+/// Starts `strata build SRC -t k:v1 --force` on `m`, waits until `when` holds of the store directory,
+/// SIGKILLs it. Returns false when the build finished before.
+fn kill_build_when(m: &Machine, store: &StoreEnv, src: &Path, when: &dyn Fn() -> bool) -> bool {
+    let mut c = m.command(strata_bin());
+    c.arg("--store").arg(&store.url);
+    for (k, v) in &store.env {
+        c.env(k, v);
+    }
+    c.args([
+        "build",
+        src.to_str().expect("utf8"),
+        "-t",
+        "k:v1",
+        "--force",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    let mut child = c.spawn().expect("start a build");
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            assert!(st.success(), "the build failed by itself: {st}");
+            return false;
+        }
+        if when() {
+            kill9(child.id() as i32);
+            let _ = child.wait();
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn count(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |r| r.count())
+}
+
+#[test]
+fn a_builder_killed_mid_push_leaves_no_broken_tag() {
+    let Some(cluster) = Cluster::for_nodes() else {
+        return;
+    };
+    let t0 = Instant::now();
+    let sub = format!("push-kill-{}", std::process::id());
+    let b = Machine::new(&cluster, "kb", 40);
+    let dir = b.shared(&sub);
+    std::fs::create_dir_all(&dir).expect("store dir");
+    let store = b.store(&sub);
+    for (k, tag) in [(1, "k:v1"), (2, "other:v1")] {
+        let src = b.disk.path().join(format!("src-{k}"));
+        soak::write_source(&src, k, 0);
+        let o = b.strata(&store, &["build", src.to_str().expect("utf8"), "-t", tag]);
+        assert!(
+            o.status.success(),
+            "build: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let inspect = || {
+        String::from_utf8_lossy(&b.strata(&store, &["inspect", "k:v1", "--json"]).stdout)
+            .to_string()
+    };
+    let mut before = inspect();
+    // New versions: their own files and 32 MiB more (a new blob each time), so that a push takes a while.
+    let version = |seed: u32| {
+        let src = b.disk.path().join(format!("src-big-{seed}"));
+        soak::write_source(&src, 1, seed);
+        std::fs::write(src.join("data/big"), random_bytes(32 << 20, seed)).expect("write");
+        src
+    };
+    let (tmp, blobs, layers) = (dir.join("tmp"), dir.join("blobs"), dir.join("layers"));
+    let mut killed = Vec::new();
+    for (stage, what) in [
+        "a spool file",
+        "its blob in place",
+        "its layer descriptor in place",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let src = version(100 + stage as u32);
+        let watched = [&tmp, &blobs, &layers][stage];
+        let n = count(watched);
+        if kill_build_when(&b, &store, &src, &|| count(watched) > n) {
+            killed.push(what);
+        } else {
+            before = inspect(); // it finished first: k:v1 moved, rightly
+        }
+        check_store_after_kill(&b, &store, &before);
+    }
+    let big = version(200);
+    eprintln!("builder kill: killed at {killed:?}");
+    assert!(
+        killed.len() >= 2,
+        "the build finished before the kills: {killed:?}"
+    );
+    let nodes: Vec<Machine> = (1..=2)
+        .map(|n| Machine::new(&cluster, &format!("kn{n}"), 40 + n))
+        .collect();
+    let daemons: Vec<Daemon> = nodes
+        .iter()
+        .map(|m| m.daemon(&m.store(&sub), &[]))
+        .collect();
+    for (i, d) in daemons.iter().enumerate() {
+        for tag in ["k:v1", "other:v1"] {
+            read_sandbox(d, tag, &format!("after-kill-{i}-{}", tag.replace(':', "-")));
+        }
+    }
+    let gc = json(&String::from_utf8_lossy(
+        &b.strata(&store, &["gc", "--grace", "0s", "--json"]).stdout,
+    ));
+    assert!(
+        gc["deleted"].as_u64().unwrap_or(0) > 0,
+        "gc left the killed builds' objects: {gc}"
+    );
+    let o = b.strata(
+        &store,
+        &[
+            "build",
+            big.to_str().expect("utf8"),
+            "-t",
+            "k:v1",
+            "--force",
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "the build again: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let extra = [("big".to_string(), random_bytes(32 << 20, 200))];
+    for (i, d) in daemons.iter().enumerate() {
+        read_sandbox_with(d, "k:v1", &format!("new-{i}"), &extra);
+    }
+    drop(daemons);
+    machines::teardown(nodes.into_iter().chain([b]));
+    eprintln!("builder kill: test {:?}", t0.elapsed());
+}
+
+/// After a killed build: no broken tag, `k:v1` unchanged, everything reachable present.
+fn check_store_after_kill(b: &Machine, store: &StoreEnv, before: &str) {
+    let o = b.strata(store, &["images", "--json"]);
+    assert!(
+        o.status.success(),
+        "strata images after a kill: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let now = b.strata(store, &["inspect", "k:v1", "--json"]);
+    assert!(
+        now.status.success() && String::from_utf8_lossy(&now.stdout) == before,
+        "k:v1 changed under a killed build"
+    );
+    let s = strata_registry::store::Store::open(&store.url).expect("open the store");
+    soak::check_reachable(&s);
+}
