@@ -136,15 +136,10 @@ fn kill_chunkserver(cluster: &Cluster, n: u8) -> Down<'_> {
     Down { cluster, n }
 }
 
-#[test]
-fn a_chunk_server_killed_while_nodes_read_is_replaced_by_its_copy() {
-    let Some(cluster) = Cluster::for_nodes() else {
-        return;
-    };
-    let t0 = Instant::now();
-    let sub = format!("cs-kill-{}", std::process::id());
-    let ops = Machine::new(&cluster, "fops", 30);
-    let dir = ops.shared(&sub);
+/// A store in directory `sub` of the volume with goal 2, holding images `f:0`, `f:1` and `f:2` (their
+/// own blobs, built on `ops`), every file of it with a copy on each chunk server. Returns the directory.
+fn images_with_two_copies(ops: &Machine, sub: &str) -> PathBuf {
+    let dir = ops.shared(sub);
     std::fs::create_dir_all(&dir).expect("store dir");
     let goal = ops
         .command("mfssetgoal")
@@ -157,7 +152,7 @@ fn a_chunk_server_killed_while_nodes_read_is_replaced_by_its_copy() {
         "mfssetgoal -r 2: {}",
         String::from_utf8_lossy(&goal.stderr)
     );
-    let store = ops.store(&sub);
+    let store = ops.store(sub);
     for r in 0..3 {
         let src = ops.disk.path().join(format!("src-{r}"));
         soak::write_source(&src, 10 + r, r);
@@ -176,7 +171,41 @@ fn a_chunk_server_killed_while_nodes_read_is_replaced_by_its_copy() {
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    wait_two_copies(&ops, &dir, Duration::from_secs(30));
+    wait_two_copies(ops, &dir, Duration::from_secs(30));
+    dir
+}
+
+/// Reads image `r`'s sandbox on every node at once (`roots[node][r]`); returns each node's time.
+fn read_everywhere(roots: &[Vec<PathBuf>], r: usize) -> Vec<Duration> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = roots
+            .iter()
+            .map(|node| {
+                let root = &node[r];
+                s.spawn(move || {
+                    let t = Instant::now();
+                    if let Err(e) = soak::check_tree(root) {
+                        panic!("f:{r} at {}: {e}", root.display());
+                    }
+                    t.elapsed()
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("a node's reads failed"))
+            .collect()
+    })
+}
+
+#[test]
+fn a_chunk_server_killed_while_nodes_read_is_replaced_by_its_copy() {
+    let Some(cluster) = Cluster::for_nodes() else {
+        return;
+    };
+    let t0 = Instant::now();
+    let sub = format!("cs-kill-{}", std::process::id());
+    let ops = Machine::new(&cluster, "fops", 30);
+    let dir = images_with_two_copies(&ops, &sub);
     let nodes: Vec<Machine> = (1..=2)
         .map(|n| Machine::new(&cluster, &format!("fn{n}"), 30 + n))
         .collect();
@@ -203,44 +232,22 @@ fn a_chunk_server_killed_while_nodes_read_is_replaced_by_its_copy() {
                 .collect()
         })
         .collect();
-    let read_all = |r: usize| -> Vec<Duration> {
-        std::thread::scope(|s| {
-            let hs: Vec<_> = roots
-                .iter()
-                .map(|node| {
-                    let root = &node[r];
-                    s.spawn(move || {
-                        let t = Instant::now();
-                        if let Err(e) = soak::check_tree(root) {
-                            panic!("f:{r} at {}: {e}", root.display());
-                        }
-                        t.elapsed()
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().expect("a node's reads failed"))
-                .collect()
-        })
-    };
-    let base = read_all(0);
+    let base = read_everywhere(&roots, 0);
     let first = chunkserver_in_use(&nodes[0]).unwrap_or(1);
     let other = 3 - first;
     let down = kill_chunkserver(&cluster, first);
-    let t = Instant::now();
-    let without_first = read_all(1);
-    let down_for = t.elapsed();
+    let without_first = read_everywhere(&roots, 1);
     down.back();
     wait_two_copies(&ops, &dir, Duration::from_secs(60));
     let down = kill_chunkserver(&cluster, other);
-    let without_other = read_all(2);
+    let without_other = read_everywhere(&roots, 2);
     down.back();
     wait_two_copies(&ops, &dir, Duration::from_secs(60));
     drop(daemons);
     machines::teardown(nodes.into_iter().chain([ops]));
     eprintln!(
-        "chunk server kill: reads with both up {base:?}; chunk server {first} killed: {without_first:?} \
-         (phase {down_for:?}); back, and {other} killed: {without_other:?}; test {:?}",
+        "chunk server kill: reads with both up {base:?}; chunk server {first} killed: {without_first:?}; \
+         back, and {other} killed: {without_other:?}; test {:?}",
         t0.elapsed()
     );
     for d in without_first.iter().chain(&without_other) {
@@ -288,6 +295,45 @@ fn count(dir: &Path) -> usize {
     std::fs::read_dir(dir).map_or(0, |r| r.count())
 }
 
+/// A new version of `k:v1`'s source on `b`: its own files and 32 MiB more (a new blob for each
+/// seed), so that a push takes a while.
+fn new_version(b: &Machine, seed: u32) -> PathBuf {
+    let src = b.disk.path().join(format!("src-big-{seed}"));
+    soak::write_source(&src, 1, seed);
+    std::fs::write(src.join("data/big"), random_bytes(32 << 20, seed)).expect("write");
+    src
+}
+
+/// Pushes of new versions of `k:v1` on `b`, each SIGKILLed at one of three points, the store checked
+/// after each; returns the points hit (a build may finish before its point).
+fn kill_at_three_points(b: &Machine, store: &StoreEnv, dir: &Path) -> Vec<&'static str> {
+    let inspect = || {
+        String::from_utf8_lossy(&b.strata(store, &["inspect", "k:v1", "--json"]).stdout).to_string()
+    };
+    let mut before = inspect();
+    let (tmp, blobs, layers) = (dir.join("tmp"), dir.join("blobs"), dir.join("layers"));
+    let mut killed = Vec::new();
+    for (stage, what) in [
+        "a spool file",
+        "its blob in place",
+        "its layer descriptor in place",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let src = new_version(b, 100 + stage as u32);
+        let watched = [&tmp, &blobs, &layers][stage];
+        let n = count(watched);
+        if kill_build_when(b, store, &src, &|| count(watched) > n) {
+            killed.push(what);
+        } else {
+            before = inspect(); // it finished first: k:v1 moved, rightly
+        }
+        check_store_after_kill(b, store, &before);
+    }
+    killed
+}
+
 #[test]
 fn a_builder_killed_mid_push_leaves_no_broken_tag() {
     let Some(cluster) = Cluster::for_nodes() else {
@@ -309,39 +355,8 @@ fn a_builder_killed_mid_push_leaves_no_broken_tag() {
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    let inspect = || {
-        String::from_utf8_lossy(&b.strata(&store, &["inspect", "k:v1", "--json"]).stdout)
-            .to_string()
-    };
-    let mut before = inspect();
-    // New versions: their own files and 32 MiB more (a new blob each time), so that a push takes a while.
-    let version = |seed: u32| {
-        let src = b.disk.path().join(format!("src-big-{seed}"));
-        soak::write_source(&src, 1, seed);
-        std::fs::write(src.join("data/big"), random_bytes(32 << 20, seed)).expect("write");
-        src
-    };
-    let (tmp, blobs, layers) = (dir.join("tmp"), dir.join("blobs"), dir.join("layers"));
-    let mut killed = Vec::new();
-    for (stage, what) in [
-        "a spool file",
-        "its blob in place",
-        "its layer descriptor in place",
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let src = version(100 + stage as u32);
-        let watched = [&tmp, &blobs, &layers][stage];
-        let n = count(watched);
-        if kill_build_when(&b, &store, &src, &|| count(watched) > n) {
-            killed.push(what);
-        } else {
-            before = inspect(); // it finished first: k:v1 moved, rightly
-        }
-        check_store_after_kill(&b, &store, &before);
-    }
-    let big = version(200);
+    let killed = kill_at_three_points(&b, &store, &dir);
+    let big = new_version(&b, 200);
     eprintln!("builder kill: killed at {killed:?}");
     assert!(
         killed.len() >= 2,
