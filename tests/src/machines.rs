@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{require, scratch, Daemon, StoreEnv};
+use crate::{require, scratch, Daemon, S3Server, StoreEnv};
 
 /// The MooseFS cluster the machines join, as `scripts/cluster/moosefs` describes it.
 #[derive(Clone, Debug)]
@@ -163,6 +163,14 @@ pub struct Machine {
 impl Machine {
     /// Creates machine `role` (e.g. `n1`) with address `NET.(20 + index)` and mounts the volume.
     pub fn new(cluster: &Cluster, role: &str, index: u8) -> Machine {
+        let mut m = Machine::without_volume(cluster, role, index);
+        m.mount_volume(cluster);
+        m
+    }
+
+    /// [`Machine::new`] without a MooseFS client: a machine whose store is the S3 server
+    /// ([`Machine::s3_store`]).
+    pub fn without_volume(cluster: &Cluster, role: &str, index: u8) -> Machine {
         let name = format!("{}-{role}", cluster.bridge);
         let short: String = cluster.bridge.chars().take(9).collect();
         let (host_if, ns_if) = (format!("{short}{index:02}h"), format!("{short}{index:02}n"));
@@ -170,7 +178,7 @@ impl Machine {
         let disk = scratch(&format!("machine-{role}"));
         let record = cluster.dir.join("machines").join(&name);
         std::fs::create_dir_all(&record).expect("machine record dir");
-        let mut m = Machine {
+        let m = Machine {
             netns: PathBuf::from("/run/netns").join(&name),
             mount: disk.path().join("mfs"),
             name,
@@ -193,7 +201,6 @@ impl Machine {
         ip(&["-n", &m.name, "addr", "add", &cidr, "dev", &ns_if]);
         ip(&["-n", &m.name, "link", "set", &ns_if, "up"]);
         ip(&["-n", &m.name, "link", "set", "lo", "up"]);
-        m.mount_volume(cluster);
         m
     }
 
@@ -241,6 +248,28 @@ impl Machine {
             "STRATA_INDEX_CACHE".into(),
             self.disk.path().join("index-cache").display().to_string(),
         )];
+        s
+    }
+
+    /// The store `s3://BUCKET/PREFIX` of `server`, reached at `endpoint` (an address of the S3 server
+    /// this machine's namespace can reach), with an index cache on the machine's local disk.
+    pub fn s3_store(
+        &self,
+        server: &S3Server,
+        bucket: &str,
+        prefix: &str,
+        endpoint: &str,
+    ) -> StoreEnv {
+        let mut s = server.store(bucket, prefix);
+        for (k, v) in s.env.iter_mut() {
+            match k.as_str() {
+                "AWS_ENDPOINT_URL" => *v = endpoint.to_string(),
+                "STRATA_INDEX_CACHE" => {
+                    *v = self.disk.path().join("index-cache").display().to_string()
+                }
+                _ => {}
+            }
+        }
         s
     }
 
