@@ -4,11 +4,13 @@
 //!
 //! **A chunk server killed** (SIGKILL, by PID): the store's directory has goal 2, and every file in it
 //! is checked to have a copy on each of the two chunk servers first. Three images, each with blobs of
-//! its own (a node's MooseFS client never read them before its phase): both nodes read the first with
-//! both servers up; the server a node's client is talking to is killed and both read the second — the
-//! reads go on from the other copy, with the right bytes, well within stratad's deadline; the server
-//! comes back (its copies register again) and the *other* one is killed, and both read the third from
-//! the server that came back; then it comes back too.
+//! its own (a node's MooseFS client never read them before its phase), a sandbox of each started on
+//! both nodes first: both nodes read the first with both servers up; the server a node's client is
+//! talking to is killed 150 ms into both nodes' (paced) reads of the second — the reads go on from the
+//! other copy, with the right bytes, well within stratad's deadline; the server comes back (its copies
+//! register again) and the *other* one is killed the same way under the reads of the third, served by
+//! the server that came back; then it comes back too. Either way one of the two phases has the copy
+//! a client would have chosen gone.
 //!
 //! **A builder killed mid-push**: a build that moves an existing tag (`-t k:v1 --force`) is SIGKILLed at
 //! three moments — its first spool file in `tmp/`, its blob in place, its layer descriptor in place —
@@ -175,8 +177,32 @@ fn images_with_two_copies(ops: &Machine, sub: &str) -> PathBuf {
     dir
 }
 
-/// Reads image `r`'s sandbox on every node at once (`roots[node][r]`); returns each node's time.
-fn read_everywhere(roots: &[Vec<PathBuf>], r: usize) -> Vec<Duration> {
+/// Reads every regular file under `root` in 64 KiB pieces, `pace` apart: a sandbox's reads stretched
+/// out, so that a fault can land in the middle of them.
+fn read_paced(root: &Path, pace: Duration) -> Result<(), String> {
+    use std::io::Read;
+    for e in walkdir::WalkDir::new(root).sort_by_file_name() {
+        let e = e.map_err(|e| e.to_string())?;
+        if !e.file_type().is_file() {
+            continue;
+        }
+        let mut f = std::fs::File::open(e.path())
+            .map_err(|err| format!("{}: {err}", e.path().display()))?;
+        let mut buf = vec![0u8; 64 << 10];
+        while f
+            .read(&mut buf)
+            .map_err(|err| format!("{}: {err}", e.path().display()))?
+            > 0
+        {
+            std::thread::sleep(pace);
+        }
+    }
+    Ok(())
+}
+
+/// Reads image `r`'s sandbox on every node at once (`roots[node][r]`: paced, then every file compared
+/// with the source), running `during` while they read; returns each node's time.
+fn read_everywhere(roots: &[Vec<PathBuf>], r: usize, during: impl FnOnce()) -> Vec<Duration> {
     std::thread::scope(|s| {
         let hs: Vec<_> = roots
             .iter()
@@ -184,13 +210,16 @@ fn read_everywhere(roots: &[Vec<PathBuf>], r: usize) -> Vec<Duration> {
                 let root = &node[r];
                 s.spawn(move || {
                     let t = Instant::now();
-                    if let Err(e) = soak::check_tree(root) {
+                    if let Err(e) = read_paced(root, Duration::from_millis(5))
+                        .and_then(|()| soak::check_tree(root).map(drop))
+                    {
                         panic!("f:{r} at {}: {e}", root.display());
                     }
                     t.elapsed()
                 })
             })
             .collect();
+        during();
         hs.into_iter()
             .map(|h| h.join().expect("a node's reads failed"))
             .collect()
@@ -232,16 +261,22 @@ fn a_chunk_server_killed_while_nodes_read_is_replaced_by_its_copy() {
                 .collect()
         })
         .collect();
-    let base = read_everywhere(&roots, 0);
+    let base = read_everywhere(&roots, 0, || {});
     let first = chunkserver_in_use(&nodes[0]).unwrap_or(1);
     let other = 3 - first;
-    let down = kill_chunkserver(&cluster, first);
-    let without_first = read_everywhere(&roots, 1);
-    down.back();
+    // Each chunk server is killed 150 ms into the nodes' reads of an image (paced, about 0.6 s).
+    let mut down = None;
+    let without_first = read_everywhere(&roots, 1, || {
+        std::thread::sleep(Duration::from_millis(150));
+        down = Some(kill_chunkserver(&cluster, first));
+    });
+    down.take().expect("killed").back();
     wait_two_copies(&ops, &dir, Duration::from_secs(60));
-    let down = kill_chunkserver(&cluster, other);
-    let without_other = read_everywhere(&roots, 2);
-    down.back();
+    let without_other = read_everywhere(&roots, 2, || {
+        std::thread::sleep(Duration::from_millis(150));
+        down = Some(kill_chunkserver(&cluster, other));
+    });
+    down.take().expect("killed").back();
     wait_two_copies(&ops, &dir, Duration::from_secs(60));
     drop(daemons);
     machines::teardown(nodes.into_iter().chain([ops]));
