@@ -12,6 +12,9 @@
 //! the server that came back; then it comes back too. Either way one of the two phases has the copy
 //! a client would have chosen gone.
 //!
+//! **The only copy's server killed** (goal 1): a node's uncached read fails with EIO by stratad's
+//! deadline and never hangs, and reads again once the server is back.
+//!
 //! **A builder killed mid-push**: a build that moves an existing tag (`-t k:v1 --force`) is SIGKILLed at
 //! three moments — its first spool file in `tmp/`, its blob in place, its layer descriptor in place —
 //! and afterwards no tag is broken, `k:v1` still names the old image, everything tags reach is there,
@@ -138,40 +141,44 @@ fn kill_chunkserver(cluster: &Cluster, n: u8) -> Down<'_> {
     Down { cluster, n }
 }
 
-/// A store in directory `sub` of the volume with goal 2, holding images `f:0`, `f:1` and `f:2` (their
-/// own blobs, built on `ops`), every file of it with a copy on each chunk server. Returns the directory.
-fn images_with_two_copies(ops: &Machine, sub: &str) -> PathBuf {
-    let dir = ops.shared(sub);
+/// Directory `sub` of the volume as `m` sees it, created, with MooseFS goal `goal` (copies per chunk)
+/// for what is written in it.
+fn store_dir(m: &Machine, sub: &str, goal: u8) -> PathBuf {
+    let dir = m.shared(sub);
     std::fs::create_dir_all(&dir).expect("store dir");
-    let goal = ops
+    let o = m
         .command("mfssetgoal")
-        .args(["-r", "2"])
+        .args(["-r", &goal.to_string()])
         .arg(&dir)
         .output()
         .expect("mfssetgoal");
     assert!(
-        goal.status.success(),
-        "mfssetgoal -r 2: {}",
-        String::from_utf8_lossy(&goal.stderr)
+        o.status.success(),
+        "mfssetgoal -r {goal}: {}",
+        String::from_utf8_lossy(&o.stderr)
     );
+    dir
+}
+
+/// Builds builder `k`'s round `r` ([`soak::write_source`]) on `m` and tags it `tag`.
+fn build_tagged(m: &Machine, store: &StoreEnv, k: u32, r: u32, tag: &str) {
+    let src = m.disk.path().join(format!("src-{k}-{r}"));
+    soak::write_source(&src, k, r);
+    let o = m.strata(store, &["build", src.to_str().expect("utf8"), "-t", tag]);
+    assert!(
+        o.status.success(),
+        "build of {tag}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A store in directory `sub` of the volume with goal 2, holding images `f:0`, `f:1` and `f:2` (their
+/// own blobs, built on `ops`), every file of it with a copy on each chunk server. Returns the directory.
+fn images_with_two_copies(ops: &Machine, sub: &str) -> PathBuf {
+    let dir = store_dir(ops, sub, 2);
     let store = ops.store(sub);
     for r in 0..3 {
-        let src = ops.disk.path().join(format!("src-{r}"));
-        soak::write_source(&src, 10 + r, r);
-        let o = ops.strata(
-            &store,
-            &[
-                "build",
-                src.to_str().expect("utf8"),
-                "-t",
-                &format!("f:{r}"),
-            ],
-        );
-        assert!(
-            o.status.success(),
-            "build: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        build_tagged(ops, &store, 10 + r, r, &format!("f:{r}"));
     }
     wait_two_copies(ops, &dir, Duration::from_secs(30));
     dir
@@ -380,16 +387,8 @@ fn a_builder_killed_mid_push_leaves_no_broken_tag() {
     let dir = b.shared(&sub);
     std::fs::create_dir_all(&dir).expect("store dir");
     let store = b.store(&sub);
-    for (k, tag) in [(1, "k:v1"), (2, "other:v1")] {
-        let src = b.disk.path().join(format!("src-{k}"));
-        soak::write_source(&src, k, 0);
-        let o = b.strata(&store, &["build", src.to_str().expect("utf8"), "-t", tag]);
-        assert!(
-            o.status.success(),
-            "build: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    build_tagged(&b, &store, 1, 0, "k:v1");
+    build_tagged(&b, &store, 2, 0, "other:v1");
     let killed = kill_at_three_points(&b, &store, &dir);
     let big = new_version(&b, 200);
     eprintln!("builder kill: killed at {killed:?}");
@@ -455,4 +454,76 @@ fn check_store_after_kill(b: &Machine, store: &StoreEnv, before: &str) {
     );
     let s = strata_registry::store::Store::open(&store.url).expect("open the store");
     soak::check_reachable(&s);
+}
+
+/// The chunk server (1 or 2) holding copy 1 of `file`'s first chunk, as `mfsfileinfo` on `m` says.
+fn holder_of(m: &Machine, file: &Path) -> u8 {
+    let o = m
+        .command("mfsfileinfo")
+        .arg(file)
+        .output()
+        .expect("mfsfileinfo");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let copies: Vec<&str> = out.lines().filter(|l| l.contains("copy ")).collect();
+    assert_eq!(copies.len(), 1, "{} with goal 1: {out}", file.display());
+    if copies[0].contains(":9422") {
+        1
+    } else {
+        2
+    }
+}
+
+/// Goal 1, the only copy's server killed: a node's uncached read fails with EIO by stratad's deadline
+/// (the MooseFS client itself would retry for minutes), never hangs; once the server is back, the
+/// same read returns the right bytes.
+#[test]
+fn the_only_copy_killed_gives_eio_by_the_deadline_and_reads_recover() {
+    let Some(cluster) = Cluster::for_nodes() else {
+        return;
+    };
+    let t0 = Instant::now();
+    let sub = format!("goal1-{}", std::process::id());
+    let ops = Machine::new(&cluster, "gops", 50);
+    let dir = store_dir(&ops, &sub, 1);
+    build_tagged(&ops, &ops.store(&sub), 20, 0, "g:1");
+    let blobs: Vec<PathBuf> = std::fs::read_dir(dir.join("blobs"))
+        .expect("blobs")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(blobs.len(), 1, "one blob: {blobs:?}");
+    let node = Machine::new(&cluster, "gn1", 51);
+    let d = node.daemon(&node.store(&sub), &["--read-timeout", "3"]);
+    let root = PathBuf::from(d.ok(&["mount", "g:1", "--sandbox", "g"]));
+    let down = kill_chunkserver(&cluster, holder_of(&ops, &blobs[0]));
+    let file = root.join("data/round");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let f = file.clone();
+    std::thread::spawn(move || {
+        let t = Instant::now();
+        let _ = tx.send((std::fs::read(&f), t.elapsed()));
+    });
+    let (r, took) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a read hung for 60 s with its chunk server dead");
+    let err = r.expect_err("a read whose only copy is gone");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        took < Duration::from_secs(DEADLINE),
+        "EIO after {took:?}, past the 3 s deadline plus slack"
+    );
+    down.back();
+    let back = Instant::now();
+    let got = read_when_back(&file, Duration::from_secs(60));
+    assert!(
+        got == soak::data_files(20, 0)[3].1,
+        "data/round after the server came back"
+    );
+    eprintln!(
+        "only copy killed: EIO after {took:?}; read again {:?} after the server came back; test {:?}",
+        back.elapsed(),
+        t0.elapsed()
+    );
+    d.ok(&["umount", "--sandbox", "g", "--purge"]);
+    drop(d);
+    machines::teardown([node, ops]);
 }
