@@ -18,7 +18,8 @@
 //! Everything a machine starts is ended by its PID when it is dropped (also when a test panics): the
 //! mount is unmounted, `mfsmount` ended, the veth and the namespace deleted. So that a run killed outright
 //! leaves nothing behind either, each machine records its namespace, host interface, mount point and
-//! `mfsmount` PID in `STRATA_MFS_DIR/machines/NAME`, which `scripts/cluster/moosefs stop` undoes.
+//! the PIDs of its `mfsmount` and stratads in `STRATA_MFS_DIR/machines/NAME`, which
+//! `scripts/cluster/moosefs stop` undoes.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
@@ -292,7 +293,13 @@ impl Machine {
 
     /// A stratad of this machine on `store` (state, cache and runtime on the machine's disk).
     pub fn daemon(&self, store: &StoreEnv, extra: &[&str]) -> Daemon {
-        Daemon::start_in_netns(store, extra, &self.netns)
+        let d = Daemon::start_in_netns(store, extra, &self.netns);
+        // For `scripts/cluster/moosefs stop` after a run killed outright (SIGTERM: stratad unmounts).
+        let pids = self.record.join("stratad");
+        let mut all = std::fs::read_to_string(&pids).unwrap_or_default();
+        all.push_str(&format!("{}\n", d.holder_pid()));
+        std::fs::write(&pids, all).expect("machine record");
+        d
     }
 }
 
