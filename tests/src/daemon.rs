@@ -22,6 +22,8 @@ pub struct Daemon {
     pub store: StoreEnv,
     /// Extra environment for every stratad started (e.g. `STRATAD_NO_RESEND`).
     pub env: Vec<(String, String)>,
+    /// The network namespace stratad runs in (`/run/netns/NAME`; see [`crate::machines`]).
+    pub netns: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -32,24 +34,31 @@ impl Daemon {
 
     /// [`Daemon::start`] on a prepared state directory.
     pub fn start_in(store: &StoreEnv, state: tempfile::TempDir, extra: &[&str]) -> Daemon {
-        let runtime = state.path().join("run");
-        let socket = runtime.join("stratad.sock");
-        let mut d = Daemon {
-            child: None,
-            bin: stratad_bin(),
-            state,
-            runtime,
-            socket,
-            store: store.clone(),
-            env: Vec::new(),
-        };
-        d.spawn(extra);
-        d
+        Daemon::launch(store, state, extra, Vec::new(), None)
+    }
+
+    /// [`Daemon::start`] inside the network namespace `netns` (`/run/netns/NAME`).
+    pub fn start_in_netns(store: &StoreEnv, extra: &[&str], netns: &Path) -> Daemon {
+        let ns = Some(netns.to_path_buf());
+        Daemon::launch(store, scratch("state"), extra, Vec::new(), ns)
     }
 
     /// [`Daemon::start`] with extra environment variables for stratad.
     pub fn start_with_env(store: &StoreEnv, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
-        let state = scratch("state");
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Daemon::launch(store, scratch("state"), extra, env, None)
+    }
+
+    fn launch(
+        store: &StoreEnv,
+        state: tempfile::TempDir,
+        extra: &[&str],
+        env: Vec<(String, String)>,
+        netns: Option<PathBuf>,
+    ) -> Daemon {
         let runtime = state.path().join("run");
         let mut d = Daemon {
             child: None,
@@ -58,10 +67,8 @@ impl Daemon {
             runtime,
             state,
             store: store.clone(),
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            env,
+            netns,
         };
         d.spawn(extra);
         d
@@ -94,6 +101,9 @@ impl Daemon {
         }
         for (k, v) in self.store.env.iter().chain(&self.env) {
             c.env(k, v);
+        }
+        if let Some(ns) = &self.netns {
+            crate::machines::enter_netns(&mut c, ns);
         }
         c
     }

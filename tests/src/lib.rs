@@ -5,11 +5,13 @@
 pub mod containerd;
 mod daemon;
 pub mod hostile;
+pub mod machines;
 pub mod oci;
 pub mod proxy;
 pub mod readers;
 pub mod registry;
 mod s3;
+pub mod soak;
 pub mod tagrace;
 pub mod vm;
 
@@ -274,13 +276,19 @@ impl StoreEnv {
         self.run_with_stdin(args, None)
     }
 
-    /// Runs `strata ARGS` with bytes on standard input.
-    pub fn run_with_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    /// The command `strata --store URL ARGS` with this store's environment, not started.
+    pub fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(strata_bin());
         c.arg("--store").arg(&self.url).args(args);
         for (k, v) in &self.env {
             c.env(k, v);
         }
+        c
+    }
+
+    /// Runs `strata ARGS` with bytes on standard input.
+    pub fn run_with_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let mut c = self.command(args);
         c.stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
