@@ -98,7 +98,11 @@ fn find_plan(
             return None;
         }
     };
-    match layerplan::inherited(store, &layers) {
+    let blobs_of = |l: &Digest| {
+        let desc = store.get_layer(l)?;
+        Ok(desc.blobs.iter().map(|b| b.digest).collect())
+    };
+    match layerplan::inherited(store, &layers, blobs_of) {
         Ok((entries, planned)) if !entries.is_empty() => {
             Some((entries, PlanSource::Layers(planned)))
         }

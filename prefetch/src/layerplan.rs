@@ -151,8 +151,8 @@ pub fn split_by_layer(
         .collect()
 }
 
-/// Merges a recorded run into the plans of the layers it read from; returns how many layer plans were
-/// written.
+/// Merges a recorded run into the plans of the layers it read from, and points each blob the run
+/// read at the plan that now credits it; returns how many layer plans were written.
 pub fn record_run(
     store: &Store,
     layers: &[(Digest, LayerDescriptor)],
@@ -167,28 +167,65 @@ pub fn record_run(
             Err(PlanError::Store(e)) if e.is_damaged() => None,
             Err(e) => return Err(e),
         };
-        LayerPlan::refine(prev.as_ref(), *layer, entries, MAX_ENTRIES).put(store)?;
+        let plan = LayerPlan::refine(prev.as_ref(), *layer, entries, MAX_ENTRIES);
+        let d = plan.put(store)?;
+        let blobs: HashSet<Digest> = entries.iter().map(|e| e.blob).collect();
+        for b in blobs {
+            store.put_index(&key::plan_of_blob(&b), d.to_string().into_bytes())?;
+        }
     }
     Ok(parts.len())
 }
 
 /// The chunks the plans of `layers` (bottom first) name, bottom layer first, each chunk once, and the
 /// layers that had a plan.
+///
+/// **By content.** A layer without a plan of its own — a rebuilt base: a new layer digest whose
+/// unchanged chunks the build found in the old base's blob (store-wide dedup) and names there — takes
+/// from the plans its blobs point to (`plans/by-blob/`) the entries of those blobs. The chunks are the
+/// same bytes at the same places (blobs are content addressed), so the predecessor's plan holds for
+/// them; what the rebuild changed is in new blobs that no plan names yet. `blobs_of` gives a layer's
+/// blobs (asked only for layers without a plan). A by-blob pointer that is damaged is skipped: plans
+/// are hints.
 pub fn inherited(
     store: &Store,
     layers: &[Digest],
+    blobs_of: impl Fn(&Digest) -> Result<Vec<Digest>, PlanError>,
 ) -> Result<(Vec<PlanEntry>, Vec<Digest>), PlanError> {
     let mut seen = HashSet::new();
     let mut entries = Vec::new();
     let mut planned = Vec::new();
     for l in layers {
-        let Some(p) = LayerPlan::get(store, l)? else {
-            continue;
+        let found: Vec<PlanEntry> = match LayerPlan::get(store, l)? {
+            Some(p) => p.chunks().collect(),
+            None => match by_blob(store, &blobs_of(l)?)? {
+                f if f.is_empty() => continue,
+                f => f,
+            },
         };
         planned.push(*l);
-        entries.extend(p.chunks().filter(|e| seen.insert((e.blob, e.chunk))));
+        entries.extend(found.into_iter().filter(|e| seen.insert((e.blob, e.chunk))));
     }
     Ok((entries, planned))
+}
+
+/// The entries of `blobs` in the plans their by-blob pointers name.
+fn by_blob(store: &Store, blobs: &[Digest]) -> Result<Vec<PlanEntry>, PlanError> {
+    let mine: HashSet<Digest> = blobs.iter().copied().collect();
+    let mut read = HashSet::new();
+    let mut out = Vec::new();
+    for b in blobs {
+        let plan: LayerPlan = match get_pointed(store, &key::plan_of_blob(b)) {
+            Ok(Some(p)) => p,
+            Ok(None) | Err(PlanError::Malformed { .. }) => continue,
+            Err(PlanError::Store(e)) if e.is_damaged() => continue,
+            Err(e) => return Err(e),
+        };
+        if read.insert(plan.layer) {
+            out.extend(plan.chunks().filter(|e| mine.contains(&e.blob)));
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -249,10 +286,9 @@ mod tests {
         assert_eq!(p.expect("plan").entries.len(), 500);
     }
 
-    #[test]
-    fn chunks_go_to_the_lowest_layer_naming_their_blob() {
+    fn layer(blobs: &[u8]) -> LayerDescriptor {
         use strata_registry::model::{BlobRef, LayerKind, LayerStats, ObjectRef, SCHEMA};
-        let layer = |blobs: &[u8]| LayerDescriptor {
+        LayerDescriptor {
             schema: SCHEMA,
             kind: LayerKind::Base,
             content: None,
@@ -278,13 +314,55 @@ mod tests {
             labels: Default::default(),
             config: Default::default(),
             built_on: None,
-        };
+        }
+    }
+
+    #[test]
+    fn chunks_go_to_the_lowest_layer_naming_their_blob() {
         // The workspace (20) deduplicated against the base's blob 1 and has its own blob 2.
         let layers = vec![(d(10), layer(&[1])), (d(20), layer(&[2, 1]))];
         let parts = split_by_layer(&layers, &[e(2, 0), e(1, 3), e(3, 1), e(2, 4)]);
         assert_eq!(
             parts,
             vec![(d(10), vec![e(1, 3)]), (d(20), vec![e(2, 0), e(2, 4)])]
+        );
+    }
+
+    #[test]
+    fn a_layer_without_a_plan_inherits_what_plans_know_of_its_blobs() {
+        let store = Store::with_backend(std::sync::Arc::new(
+            strata_registry::store::MemoryStore::new(),
+        ));
+        let base = [(d(10), layer(&[1]))];
+        assert_eq!(
+            record_run(&store, &base, &[e(1, 3), e(1, 5)]).expect("record"),
+            1
+        );
+        let no_blobs = |_: &Digest| -> Result<Vec<Digest>, PlanError> { panic!("own plan first") };
+        assert_eq!(
+            inherited(&store, &[d(10)], no_blobs).expect("own plan"),
+            (vec![e(1, 3), e(1, 5)], vec![d(10)])
+        );
+        // A rebuild (30) names blob 1 (deduplicated) and its own new blob 3: it inherits blob 1's
+        // entries; a layer naming no planned blob inherits nothing.
+        let blobs = |l: &Digest| {
+            Ok(if *l == d(30) {
+                vec![d(3), d(1)]
+            } else {
+                vec![d(4)]
+            })
+        };
+        assert_eq!(
+            inherited(&store, &[d(40), d(30)], blobs).expect("by blob"),
+            (vec![e(1, 3), e(1, 5)], vec![d(30)])
+        );
+        // Another layer's plan crediting blob 1 and blob 2 moves the pointer; only blob 1's entries
+        // are taken.
+        let other = [(d(50), layer(&[2, 1]))];
+        record_run(&store, &other, &[e(2, 0), e(1, 9)]).expect("record");
+        assert_eq!(
+            inherited(&store, &[d(30)], blobs).expect("by blob").0,
+            vec![e(1, 9)]
         );
     }
 }

@@ -18,7 +18,9 @@
 //!
 //! 4. **Layer plans** ([`layerplan`]): every recorded run is also merged into the plans of the layers it
 //!    read from, so that a sandbox of an image that has no plan of its own — a new workspace on a traced
-//!    base — warms what is known of each of its layers.
+//!    base — warms what is known of each of its layers. A layer with no plan yet (a rebuilt base: a new
+//!    digest, mostly the old base's chunks, found in its blob by store-wide dedup) takes, by content,
+//!    what the plans of its blobs say of them (`plans/by-blob/`, [`layerplan::inherited`]).
 //!
 //! This crate knows nothing of FUSE or of the cache's layout: the daemon gives [`warm`] a [`ChunkSource`].
 

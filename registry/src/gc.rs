@@ -4,10 +4,11 @@
 //! manifest → tag), so a failed or abandoned build, an overwritten tag or a superseded snapshot leaves
 //! objects that nothing names. [`collect`] marks everything reachable from every tag — manifests, their
 //! layers, each layer's metadata (and the metadata a patch is based on) and blobs, the image's and each
-//! layer's prefetch plan — and deletes the unmarked objects under `blobs/`, `meta/`, `layers/`, `manifests/`, `plans/`
-//! and `oci/` that have been unreferenced for longer than `grace`. Other prefixes (`tags/`) are never
-//! touched, except a local store's spool `tmp/`: the files writers that died left there are removed once
-//! older than `grace` ([`Store::clean_spool`]; a live writer's file is kept however old).
+//! layer's prefetch plan and the plan each live blob's `plans/by-blob/` pointer names — and deletes the
+//! unmarked objects under `blobs/`, `meta/`, `layers/`, `manifests/`, `plans/` and `oci/` that have been
+//! unreferenced for longer than `grace`. Other prefixes (`tags/`) are never touched, except a local
+//! store's spool `tmp/`: the files writers that died left there are removed once older than `grace`
+//! ([`Store::clean_spool`]; a live writer's file is kept however old).
 //!
 //! **The grace period** protects work in flight: a build's objects are unreferenced until its tag is
 //! written, so anything younger than `grace` is kept. It must exceed the longest build or `pack_diff`.
@@ -177,7 +178,10 @@ fn mark_layer(store: &Store, d: &Digest, live: &mut HashSet<String>) -> Result<(
         live.insert(key::meta(&base));
     }
     for b in &desc.blobs {
-        live.insert(key::blob(&b.digest));
+        // A blob shared by many layers is looked at once.
+        if live.insert(key::blob(&b.digest)) {
+            mark_plan(store, key::plan_of_blob(&b.digest), live)?;
+        }
     }
     Ok(())
 }

@@ -48,6 +48,19 @@ fn trace_reading_a(d: &Daemon, image: &str) -> serde_json::Value {
     json(&d.ok(&[&["trace", image, "--json", "--"][..], &cmd[..]].concat()))
 }
 
+/// [`fixture`] whose image was traced once on a node of its own (reading `a.bin`), where the test can
+/// mount; the trace wrote one layer plan.
+fn traced(bucket: &str, tag: &str, seed: u32) -> Option<Fixture> {
+    if !can_mount() {
+        return None;
+    }
+    let f = fixture(bucket, tag, seed)?;
+    let d = Daemon::start(&f.store, &[]);
+    let out = trace_reading_a(&d, tag);
+    assert_eq!(out["layer_plans"].as_u64(), Some(1), "{out}");
+    Some(f)
+}
+
 #[test]
 fn a_traced_plan_is_warmed_when_a_sandbox_is_created() {
     if !can_mount() {
@@ -195,25 +208,11 @@ fn a_plan_recorded_by_one_node_warms_the_next() {
 
 #[test]
 fn a_new_image_inherits_the_plans_of_its_layers() {
-    if !can_mount() {
-        return;
-    }
-    let Some(Fixture {
-        _s3,
-        proxy,
-        store,
-        a,
-        ..
-    }) = fixture("inherit", "base:v1", 41)
-    else {
+    // Image A, the base alone, is traced once.
+    let Some(f) = traced("inherit", "base:v1", 41) else {
         return;
     };
-    // Image A, the base alone, is traced once.
-    {
-        let d = Daemon::start(&store, &[]);
-        let out = trace_reading_a(&d, "base:v1");
-        assert_eq!(out["layer_plans"].as_u64(), Some(1), "{out}");
-    }
+    let (proxy, store, a) = (&f.proxy, &f.store, &f.a);
     // Image B: the base and a fresh workspace layer, never traced, with no plan of its own.
     let ws = scratch("inherit-ws");
     std::fs::create_dir_all(ws.path().join("work")).expect("mkdir");
@@ -234,13 +233,49 @@ fn a_new_image_inherits_the_plans_of_its_layers() {
         "new:v1",
     ]);
     // A fresh node warms the base's plan for B's first sandbox.
-    let (d, rootfs, w) = warmed_node(&store, "new:v1");
+    let (d, rootfs, w) = warmed_node(store, "new:v1");
     assert_eq!(w["source"].as_str(), Some("layers"), "{w}");
     assert_eq!(w["layers"].as_array().map(Vec::len), Some(1), "{w}");
     assert!(w["fetched"].as_u64().expect("fetched") >= 3, "{w}");
     assert!(d.ok(&["ps"]).contains("inherited: 1 layer plan"));
     // With the store cut, A's traced file reads in B's sandbox.
-    planned_reads_survive_the_store(&proxy, &rootfs, &a);
+    planned_reads_survive_the_store(proxy, &rootfs, a);
+}
+
+#[test]
+fn a_rebuilt_base_inherits_the_plan_of_the_base_it_replaces() {
+    let Some(f) = traced("rebuilt", "base:v1", 51) else {
+        return;
+    };
+    let (proxy, store, src, a) = (&f.proxy, &f.store, &f.src, &f.a);
+    // The base rebuilt with one file more: a new layer (no plan of its own) whose unchanged chunks the
+    // store-wide index found in the first build's blob.
+    std::fs::write(src.path().join("data/c.txt"), b"added by the rebuild").expect("write");
+    store.ok(&["build", src.path().to_str().expect("utf8"), "-t", "base:v2"]);
+    let layer = |tag: &str| {
+        let m = json(&store.ok(&["inspect", tag, "--json"]));
+        let blobs: Vec<String> = m["layers"][0]["blobs"]
+            .as_array()
+            .expect("blobs")
+            .iter()
+            .filter_map(|b| Some(b["digest"].as_str()?.to_string()))
+            .collect();
+        (m["layers"][0]["digest"].to_string(), blobs)
+    };
+    let (old, new) = (layer("base:v1"), layer("base:v2"));
+    assert_ne!(old.0, new.0, "a new layer");
+    assert!(
+        new.1.contains(&old.1[0]),
+        "names the first build's blob: {new:?}"
+    );
+    // The first base goes, and gc with it its layer's plan pointer; the blob's pointer stays.
+    store.ok(&["rmi", "base:v1"]);
+    store.ok(&["gc", "--grace", "0s"]);
+    let (d, rootfs, w) = warmed_node(store, "base:v2");
+    assert_eq!(w["source"].as_str(), Some("layers"), "{w}");
+    assert!(w["fetched"].as_u64().expect("fetched") >= 3, "{w}");
+    assert!(d.ok(&["ps"]).contains("inherited: 1 layer plan"));
+    planned_reads_survive_the_store(proxy, &rootfs, a);
 }
 
 /// A fresh node (empty cache) creates a sandbox of `tag` and warms its plan; returns the node, the

@@ -10,7 +10,8 @@
 //! manifests/<hex>.json   image manifests
 //! tags/<name>/<tag>      tags (the text `blake3:<hex>`); a local store serializes updates with tags/.lock
 //! plans/<hex>.json       prefetch plans (content addressed); plans/by-manifest/<hex> names an image's plan,
-//!                        plans/by-layer/<hex> a layer's
+//!                        plans/by-layer/<hex> a layer's, plans/by-blob/<hex> the layer plan that
+//!                        last credited the blob's chunks
 //! oci/<sha256>           import records: the layer made from an OCI layer, by its chain ID
 //! gc/condemned/<key>     garbage collection's marks on unreferenced objects it will delete later
 //! tmp/                   a local store's spool for blobs being written (leftovers of writers that died
@@ -202,6 +203,12 @@ pub mod key {
     /// The pointer to the prefetch plan of layer `d` (an index object; see `strata_prefetch::layerplan`).
     pub fn plan_of_layer(layer: &Digest) -> String {
         format!("plans/by-layer/{}", layer.hex())
+    }
+
+    /// The index object naming the layer plan that last credited chunks of `blob`: a layer without a
+    /// plan of its own (a rebuilt base) inherits what plans know of the blobs it names.
+    pub fn plan_of_blob(blob: &Digest) -> String {
+        format!("plans/by-blob/{}", blob.hex())
     }
     /// The marker garbage collection leaves on an unreferenced object it will delete in a later run
     /// (see [`crate::gc`]).
