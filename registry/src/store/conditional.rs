@@ -16,7 +16,8 @@
 //!    safe, but no tag could ever move. When the quoted form fails and the bare form succeeds, the
 //!    backend sends bare ETags from then on ([`Conditional::BareETags`]); the comparison stays exact.
 //! 5. delete the probe object. A probe that fails on the way returns at once, within the backend's
-//!    deadline, and may leave its few bytes under `tmp/conditional-probe/`.
+//!    deadline, and may leave its few bytes under `tmp/conditional-probe/`, which `strata gc` removes
+//!    once older than its grace period.
 //!
 //! A server that fails step 2 or 3 gets [`Conditional::Missing`]: every conditional write on it is
 //! [`StoreError::NoConditionalWrites`], naming the missing feature, and nothing is written. Tags can
@@ -59,12 +60,15 @@ pub fn bare(v: &Version) -> Version {
     }
 }
 
+/// Where probe objects live (and what a failed probe leaves: `Store::clean_spool` removes it).
+pub const PROBE_PREFIX: &str = "tmp/conditional-probe/";
+
 /// The probe's key: new for every probe, so a probe never meets another's object.
 pub fn probe_key() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    format!("tmp/conditional-probe/{}-{nanos}", std::process::id())
+    format!("{PROBE_PREFIX}{}-{nanos}", std::process::id())
 }
 
 fn lost(r: &Result<Version, StoreError>) -> bool {

@@ -58,7 +58,8 @@ impl Store {
 
     /// Removes the leftovers in a local store's spool that are older than `grace` at `now` (see the
     /// module documentation); with `dry_run`, only counts them. Other stores spool in the system's
-    /// temporary directory, which is not theirs to clean: nothing is done.
+    /// temporary directory, which is not theirs to clean: only what a failed conditional-write probe
+    /// left in the store goes.
     pub fn clean_spool(
         &self,
         grace: Duration,
@@ -67,7 +68,7 @@ impl Store {
     ) -> Result<SpoolReport, StoreError> {
         let mut r = SpoolReport::default();
         let Some(root) = &self.local else {
-            return Ok(r);
+            return self.clean_probes(grace, now, dry_run);
         };
         let dir = root.join("tmp");
         let entries = match std::fs::read_dir(&dir) {
@@ -94,6 +95,43 @@ impl Store {
         if r.files > 0 {
             tracing::info!(files = r.files, bytes = r.bytes, dir = %dir.display(), dry_run,
                 "removed the spool files of writers that died");
+        }
+        Ok(r)
+    }
+}
+
+impl Store {
+    /// An object store's spool is not its own, but a conditional-write probe that failed on the way
+    /// may leave its object under `tmp/conditional-probe/` ([`super::conditional`]): those older than
+    /// `grace` are removed (a probe lasts at most the backend's deadline).
+    fn clean_probes(
+        &self,
+        grace: Duration,
+        now: SystemTime,
+        dry_run: bool,
+    ) -> Result<SpoolReport, StoreError> {
+        let mut r = SpoolReport::default();
+        let cutoff = now
+            .checked_sub(grace)
+            .and_then(|c| c.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs() as i64);
+        for (key, size, modified) in self.list_info(super::conditional::PROBE_PREFIX)? {
+            if modified > cutoff {
+                continue;
+            }
+            if !dry_run {
+                self.delete(&key)?;
+            }
+            r.files += 1;
+            r.bytes += size;
+        }
+        if r.files > 0 {
+            tracing::info!(
+                files = r.files,
+                bytes = r.bytes,
+                dry_run,
+                "removed what failed conditional-write probes left"
+            );
         }
         Ok(r)
     }
@@ -139,5 +177,28 @@ mod tests {
             .expect("clean");
         assert!(!dead.exists());
         assert!(mine.exists());
+    }
+
+    #[test]
+    fn an_object_store_loses_old_probe_leftovers_only() {
+        let store = Store::with_backend(std::sync::Arc::new(crate::store::MemoryStore::new()));
+        let probe = crate::store::conditional::probe_key();
+        store.put_index(&probe, b"probe".to_vec()).expect("put");
+        store.put_bytes("blobs/x", b"keep".to_vec()).expect("put");
+        let now = SystemTime::now();
+        let r = store
+            .clean_spool(Duration::from_secs(3600), now, false)
+            .expect("clean");
+        assert_eq!(r.files, 0, "young: kept");
+        let later = now + Duration::from_secs(7200);
+        let r = store
+            .clean_spool(Duration::from_secs(3600), later, false)
+            .expect("clean");
+        assert_eq!((r.files, r.bytes), (1, 5));
+        assert!(store.list("tmp/").expect("list").is_empty());
+        assert_eq!(
+            store.list("blobs/").expect("list"),
+            vec!["blobs/x".to_string()]
+        );
     }
 }
