@@ -31,24 +31,31 @@ def call(sock, method, path, body=None):
 class Daemon:
     """A fresh stratad on `store`: state and runtime directories under `work` (a new directory under
     /var/tmp unless given; removed by `stop`), extra `args`, environment `env` over this one's, another
-    `binary` than BIN["stratad"] if given."""
+    `binary` than BIN["stratad"] if given, the command after a `prefix` if given (e.g. `nsenter
+    --net=/run/netns/NS --`: stratad in another network namespace but the host's mount namespace, so its
+    mounts and control socket are the host's; the program must exec stratad, whose PID `pid` then is)."""
 
-    def __init__(self, store, work=None, env=None, state=None, args=(), quiet=False, binary=None):
+    def __init__(self, store, work=None, env=None, state=None, args=(), quiet=False, binary=None, prefix=()):
         self.work = work or tempfile.mkdtemp(prefix="strata-bench-", dir="/var/tmp")
         self.state = state or f"{self.work}/state"
         self.run = f"{self.work}/run"
         self.sock = f"{self.run}/stratad.sock"
         e = {**os.environ, "STRATA_LOG": os.environ.get("STRATA_LOG", "warn"), **(env or {})}
-        self.p = subprocess.Popen([binary or BIN["stratad"], "--config", "/dev/null", "--store", store, "--state-dir",
+        self.p = subprocess.Popen([*prefix, binary or BIN["stratad"], "--config", "/dev/null", "--store", store, "--state-dir",
                                    self.state, "--runtime-dir", self.run, *args], env=e,
                                   stderr=subprocess.DEVNULL if quiet else None)
-        for _ in range(600):
-            if os.path.exists(self.sock):
-                return
-            if self.p.poll() is not None:
-                raise RuntimeError("stratad exited")
-            time.sleep(0.02)
-        raise RuntimeError("stratad did not start")
+        try:
+            for _ in range(600):
+                if os.path.exists(self.sock):
+                    return
+                if self.p.poll() is not None:
+                    raise RuntimeError("stratad exited")
+                time.sleep(0.02)
+            raise RuntimeError("stratad did not start")
+        except BaseException:
+            # Also on a signal while it starts: nothing left running or behind under `work`.
+            self.stop()
+            raise
 
     @property
     def pid(self):
