@@ -26,7 +26,7 @@ use strata_registry::digest::Digest;
 use strata_registry::model::LayerDescriptor;
 use strata_registry::store::{key, Store};
 
-use crate::plan::{get_pointed, put_pointed, PlanEntry, PlanError, PLAN_SCHEMA};
+use crate::plan::{get_plan, get_pointed, pointed, put_pointed, PlanEntry, PlanError, PLAN_SCHEMA};
 
 /// Most chunks a layer plan keeps (256 MiB of 4 KiB chunks, 64 GiB of 1 MiB ones).
 pub const MAX_ENTRIES: usize = 65_536;
@@ -161,12 +161,7 @@ pub fn record_run(
     let parts = split_by_layer(layers, run);
     for (layer, entries) in &parts {
         // A damaged plan is started again; a failing store stops the recording.
-        let prev = match LayerPlan::get(store, layer) {
-            Ok(p) => p,
-            Err(PlanError::Malformed { .. }) => None,
-            Err(PlanError::Store(e)) if e.is_damaged() => None,
-            Err(e) => return Err(e),
-        };
+        let prev = hint(LayerPlan::get(store, layer))?;
         let plan = LayerPlan::refine(prev.as_ref(), *layer, entries, MAX_ENTRIES);
         let d = plan.put(store)?;
         let blobs: HashSet<Digest> = entries.iter().map(|e| e.blob).collect();
@@ -209,21 +204,33 @@ pub fn inherited(
     Ok((entries, planned))
 }
 
+/// A plan read as the hint it is: missing or damaged is `None`; a failing store stays an error.
+fn hint<T>(r: Result<Option<T>, PlanError>) -> Result<Option<T>, PlanError> {
+    match r {
+        Err(PlanError::Malformed { .. }) => Ok(None),
+        Err(PlanError::Store(e)) if e.is_damaged() => Ok(None),
+        r => r,
+    }
+}
+
 /// The entries of `blobs` in the plans their by-blob pointers name.
 fn by_blob(store: &Store, blobs: &[Digest]) -> Result<Vec<PlanEntry>, PlanError> {
     let mine: HashSet<Digest> = blobs.iter().copied().collect();
     let mut read = HashSet::new();
     let mut out = Vec::new();
     for b in blobs {
-        let plan: LayerPlan = match get_pointed(store, &key::plan_of_blob(b)) {
-            Ok(Some(p)) => p,
-            Ok(None) | Err(PlanError::Malformed { .. }) => continue,
-            Err(PlanError::Store(e)) if e.is_damaged() => continue,
-            Err(e) => return Err(e),
+        // A layer's blobs mostly name one plan: each plan is read once.
+        let pointer = key::plan_of_blob(b);
+        let Some(d) = hint(pointed(store, &pointer))? else {
+            continue;
         };
-        if read.insert(plan.layer) {
-            out.extend(plan.chunks().filter(|e| mine.contains(&e.blob)));
+        if !read.insert(d) {
+            continue;
         }
+        let Some(plan) = hint(get_plan::<LayerPlan>(store, &pointer, &d).map(Some))? else {
+            continue;
+        };
+        out.extend(plan.chunks().filter(|e| mine.contains(&e.blob)));
     }
     Ok(out)
 }

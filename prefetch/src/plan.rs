@@ -101,6 +101,14 @@ pub(crate) fn get_pointed<T: serde::de::DeserializeOwned>(
     store: &Store,
     pointer: &str,
 ) -> Result<Option<T>, PlanError> {
+    match pointed(store, pointer)? {
+        Some(d) => get_plan(store, pointer, &d).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The digest the index object `pointer` names (`None`: no pointer).
+pub(crate) fn pointed(store: &Store, pointer: &str) -> Result<Option<Digest>, PlanError> {
     let Some(b) = store.get_index(pointer)? else {
         return Ok(None);
     };
@@ -113,8 +121,18 @@ pub(crate) fn get_pointed<T: serde::de::DeserializeOwned>(
         .trim()
         .parse()
         .map_err(|e| bad(format!("{e}")))?;
-    let bytes = store.get_verified(&key::plan(&d), &d)?;
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| bad(e.to_string()))
+    Ok(Some(d))
+}
+
+/// Plan `d` (named by `pointer`), read and verified against its digest.
+pub(crate) fn get_plan<T: serde::de::DeserializeOwned>(
+    store: &Store,
+    pointer: &str,
+    d: &Digest,
+) -> Result<T, PlanError> {
+    let bytes = store.get_verified(&key::plan(d), d)?;
+    serde_json::from_slice(&bytes).map_err(|e| PlanError::Malformed {
+        key: pointer.to_string(),
+        why: e.to_string(),
+    })
 }

@@ -512,7 +512,11 @@ fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender
     if area.is_none() {
         tracing::warn!("the fanotify journal has no event area: a kill between reading and recording an event strands its reader");
     }
-    let mut fallback = vec![0u8; area::EVENTS_LEN];
+    // Only without an area (a journal of an older layout) is a buffer of this process read into.
+    let mut fallback = match area {
+        Some(_) => Vec::new(),
+        None => vec![0u8; area::EVENTS_LEN],
+    };
     while !stop.load(Ordering::Acquire) {
         match ctx.group.wait(POLL_MS) {
             Ok(true) => {}

@@ -76,19 +76,23 @@ fn have_events(dir: &std::path::Path) -> bool {
     strata_registry::testing::require("root and fanotify pre-content events (Linux 6.14+)", ok)
 }
 
-/// A running server of one blob's view file, and what reading it must give.
+/// A server of one blob's view file, and what reading it must give.
 struct Served {
     _dir: tempfile::TempDir,
     kit: Kit,
     s: Server,
+    /// The view file.
     path: std::path::PathBuf,
+    /// The view files' directory (a successor's too).
+    views: std::path::PathBuf,
+    h: Arc<BlobHandle>,
     key: String,
     want: Vec<u8>,
     blob: Digest,
 }
 
-/// [`Served`], where this kernel reports pre-content events to this process.
-fn served() -> Option<Served> {
+/// [`Served`], not reading events yet, where this kernel reports pre-content events to this process.
+fn unstarted() -> Option<Served> {
     let dir = tempfile::tempdir().expect("tempdir");
     if !have_events(dir.path()) {
         return None;
@@ -105,16 +109,24 @@ fn served() -> Option<Served> {
     )
     .expect("server");
     let path = s.view(&h).expect("view file");
-    s.run();
     Some(Served {
         _dir: dir,
         kit,
         s,
         path,
+        views,
+        blob: h.blob.digest,
+        h,
         key,
         want,
-        blob: h.blob.digest,
     })
+}
+
+/// [`unstarted`], running.
+fn served() -> Option<Served> {
+    let t = unstarted()?;
+    t.s.run();
+    Some(t)
 }
 
 fn cat(path: &std::path::Path) -> std::process::Output {
@@ -131,6 +143,7 @@ fn readers_get_verified_bytes_filled_on_demand() {
         key,
         want,
         blob,
+        ..
     }) = served()
     else {
         return;
@@ -208,51 +221,24 @@ fn a_failed_fetch_is_an_error_never_a_hole() {
 
 /// A server about to "die" with a reader (`cat`) waiting on its group, and what its successor needs.
 struct Handover {
-    _dir: tempfile::TempDir,
-    kit: Kit,
-    h: Arc<BlobHandle>,
-    want: Vec<u8>,
-    views: std::path::PathBuf,
-    dead: Server,
+    t: Served,
     reader: std::thread::JoinHandle<std::process::Output>,
 }
 
 fn handover() -> Option<Handover> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    if !have_events(dir.path()) {
-        return None;
-    }
-    let kit = Kit::new(Duration::from_secs(5));
-    let (h, _, want) = blob(&kit);
-    let views = dir.path().join("views");
-    let dead = Server::new(
-        &views,
-        None,
-        kit.fetcher.clone(),
-        kit.metrics.clone(),
-        Arc::default(),
-    )
-    .expect("server");
-    let path = dead.view(&h).expect("view file");
+    let t = unstarted()?;
+    let path = t.path.clone();
     let reader = std::thread::spawn(move || cat(&path));
-    Some(Handover {
-        _dir: dir,
-        kit,
-        h,
-        want,
-        views,
-        dead,
-        reader,
-    })
+    Some(Handover { t, reader })
 }
 
 impl Handover {
     /// The dead server's next batch of events, read as its event loop reads them (into its area).
     fn read(&self) -> Vec<Event> {
-        let area = EventArea::of(&self.dead.journal).expect("event area");
+        let area = EventArea::of(&self.t.s.journal).expect("event area");
         loop {
-            assert!(self.dead.group.wait(5000).expect("poll"), "no event");
-            match read_batch(&self.dead.group, Some(&area), &mut []) {
+            assert!(self.t.s.group.wait(5000).expect("poll"), "no event");
+            match read_batch(&self.t.s.group, Some(&area), &mut []) {
                 Ok(evs) if !evs.is_empty() => return evs,
                 Ok(_) => {}
                 Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}"),
@@ -267,24 +253,27 @@ impl Handover {
             drop(unsafe { OwnedFd::from_raw_fd(ev.fd.expect("event fd")) });
         }
         let kept = (
-            rustix::io::dup(self.dead.group.fd()).expect("dup group"),
-            rustix::io::dup(self.dead.journal.fd()).expect("dup journal"),
+            rustix::io::dup(self.t.s.group.fd()).expect("dup group"),
+            rustix::io::dup(self.t.s.journal.fd()).expect("dup journal"),
         );
-        let m = self.kit.metrics.clone();
+        let m = self.t.kit.metrics.clone();
         let next = Server::new(
-            &self.views,
+            &self.t.views,
             Some(kept),
-            self.kit.fetcher.clone(),
+            self.t.kit.fetcher.clone(),
             m,
             Arc::default(),
         )
         .expect("successor");
-        drop(self.dead);
-        next.view(&self.h).expect("view file again");
+        drop(self.t.s);
+        next.view(&self.t.h).expect("view file again");
         next.run();
         let out = self.reader.join().expect("reader");
         assert!(out.status.success(), "{out:?}");
-        assert!(out.stdout == self.want, "the waiting reader got the bytes");
+        assert!(
+            out.stdout == self.t.want,
+            "the waiting reader got the bytes"
+        );
         assert!(next.journal.slot_leftovers().is_empty(), "journal cleared");
         next
     }
@@ -297,9 +286,9 @@ fn a_successor_answers_what_a_dead_server_read() {
     let evs = t.read();
     let ev = &evs[0];
     let (offset, count) = ev.range.expect("range");
-    let record = encode(&t.h.blob.digest, offset, count, ev.pid);
+    let record = encode(&t.t.blob, offset, count, ev.pid);
     let number = ev.fd.expect("event fd");
-    assert!(t.dead.journal.record(number as u64 + 1, &record).is_some());
+    assert!(t.t.s.journal.record(number as u64 + 1, &record).is_some());
     let next = t.die_after(&evs);
     assert_eq!(next.stats.adopted.load(Ordering::Relaxed), evs.len() as u64);
     next.stop();
@@ -311,8 +300,8 @@ fn successor_answers_an_unrecorded_event(blob_known: bool) {
     let Some(t) = handover() else { return };
     let evs = t.read();
     if blob_known {
-        let area = EventArea::of(&t.dead.journal).expect("event area");
-        area.resolve(0, &t.h.blob.digest);
+        let area = EventArea::of(&t.t.s.journal).expect("event area");
+        area.resolve(0, &t.t.blob);
     }
     let next = t.die_after(&evs);
     assert_eq!(next.stats.adopted.load(Ordering::Relaxed), evs.len() as u64);
