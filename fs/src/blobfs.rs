@@ -250,6 +250,7 @@ impl BlobFs {
     ) -> std::io::Result<BlobFs> {
         let m = metrics.clone();
         let slow = SlowReads::new(
+            fetcher.workers().clone(),
             READS_PER_BLOB,
             fetcher.deadline,
             Box::new(move || m.error("timeout")),

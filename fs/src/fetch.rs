@@ -37,6 +37,7 @@ use strata_registry::toc::{decompress, verified_chunk, FrameError, Toc};
 
 use crate::cache::{CacheError, ChunkCache, Verified};
 use crate::metrics::Metrics;
+use crate::workers::Workers;
 
 /// Why a chunk could not be served. Shared by every reader waiting on one fetch, hence `Clone` (the
 /// store's and the cache's errors are kept whole, behind an `Arc`).
@@ -198,6 +199,8 @@ pub struct Fetcher {
     /// Blobs whose needed chunks a prefetch plan is fetching: a demand read of one fetches only its own
     /// frame (the plan knows better than fetching ahead what will be read).
     planned: std::sync::RwLock<std::collections::HashSet<Digest>>,
+    /// Threads for the followers' and read-behind requests, shared with the slow-read schedulers.
+    workers: Workers,
 }
 
 impl Fetcher {
@@ -218,7 +221,13 @@ impl Fetcher {
             deadline,
             metrics,
             planned: Default::default(),
+            workers: Workers::default(),
         }
+    }
+
+    /// The pool background fetches run on; the slow-read schedulers of the node's servers share it.
+    pub fn workers(&self) -> &Workers {
+        &self.workers
     }
 
     /// Marks blobs as covered by a prefetch plan being warmed (`true`) or no longer (`false`).
@@ -412,7 +421,7 @@ impl Fetcher {
     ) -> Option<Result<ChunkBytes, FetchError>> {
         let toc = &blob.toc;
         let span: u64;
-        let (claimed, flights) = {
+        let (claimed, flights, behind, behind_flights) = {
             let mut inflight = self.lock();
             if inflight.contains_key(&toc.chunks[i].digest) {
                 return None;
@@ -462,16 +471,14 @@ impl Fetcher {
                 .iter()
                 .map(|&f| toc.frames[f].compressed as u64)
                 .sum();
-            if !behind.is_empty() {
-                let (me, b) = (self.clone(), blob.clone());
-                let _ = std::thread::Builder::new()
-                    .name("strata-fetch".into())
-                    .spawn(move || {
-                        let _ = me.complete_streamed(&b, &behind, &behind_flights);
-                    });
-            }
-            (claimed, flights)
+            (claimed, flights, behind, behind_flights)
         };
+        if !behind.is_empty() {
+            let (me, b) = (self.clone(), blob.clone());
+            self.workers.run_or_here(move || {
+                let _ = me.complete_streamed(&b, &behind, &behind_flights);
+            });
+        }
         // Charged to the reader's sandbox (outside the lock: it reads /proc).
         self.metrics.attribution.miss(span);
         // The chunks of chunk `i`'s own frame are fetched here; the followers (later frames) in a second
@@ -485,13 +492,11 @@ impl Fetcher {
             let rest = claimed[own..].to_vec();
             let rest_flights = flights[own..].to_vec();
             let (me, b) = (self.clone(), blob.clone());
-            let spawned = std::thread::Builder::new()
-                .name("strata-fetch".into())
-                .spawn(move || {
-                    // Errors reach the followers' readers through their flights.
-                    let _ = me.complete_streamed(&b, &rest, &rest_flights);
-                });
-            if spawned.is_err() {
+            // Errors reach the followers' readers through their flights.
+            let queued = self.workers.run(move || {
+                let _ = me.complete_streamed(&b, &rest, &rest_flights);
+            });
+            if queued.is_err() {
                 // No thread to spare: fetch the followers here, after our own frame.
                 let out = self.complete(blob, &claimed[..own], &flights[..own]);
                 let _ = self.complete_streamed(blob, &claimed[own..], &flights[own..]);

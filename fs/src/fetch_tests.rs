@@ -396,3 +396,42 @@ fn landed_waits_for_a_fetch_in_flight_and_never_starts_one() {
     assert_eq!(kit.faults.reads(&k), 1, "one request in all");
     kit.faults.remove(slow);
 }
+
+#[test]
+fn followers_of_every_miss_run_on_one_reused_thread() {
+    let kit = Kit::new(Duration::from_secs(20));
+    let chunks: Vec<Vec<u8>> = (0..30).map(|i| bytes(32 << 10, 40 + i)).collect();
+    let (blob, _) = kit.blob(&chunks);
+    let blob = Arc::new(blob);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = ChunkCache::open(dir.path(), 1 << 30).expect("cache");
+    // Each miss claims its own frame and the next one or two (the followers, a background job).
+    let fetcher = Fetcher::new(
+        kit.store.clone(),
+        cache,
+        kit.metrics.clone(),
+        100 << 10,
+        Duration::from_secs(20),
+    );
+    let fetcher = Arc::new(fetcher);
+    let mut misses = 0;
+    for (i, want) in chunks.iter().enumerate() {
+        if fetcher.cached(&blob, i).expect("cached").is_none() {
+            misses += 1;
+        }
+        let got = fetcher.chunk(&blob, i).expect("chunk");
+        assert_eq!(read(&got, want.len()), *want);
+        // The followers' job is over once its thread waits again (else the next miss would, rightly,
+        // start a second thread rather than queue behind a busy one).
+        let end = Instant::now() + Duration::from_secs(10);
+        while fetcher.workers().threads().1 == 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert!(misses >= 10, "{misses} misses");
+    assert_eq!(
+        fetcher.workers().started(),
+        1,
+        "one thread for {misses} misses' followers"
+    );
+}

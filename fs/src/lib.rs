@@ -44,6 +44,7 @@ pub mod slowread;
 mod testkit;
 pub mod treefs;
 pub mod warming;
+pub mod workers;
 
 // The control plane's modules, where the crates above this one have always found them.
 pub use control::{

@@ -5,7 +5,8 @@
 //! no worker, so it cannot stall the reads of other blobs, or of cached data, on the node.
 //!
 //! **Bounded per blob.** Each blob has a queue and at most `per_blob` threads working on it (each runs
-//! the blob's queued reads one after another, then ends). Reads of a blob whose store hangs pile up as
+//! the blob's queued reads one after another, then goes back to the node's pool, [`crate::workers`],
+//! which keeps it — and its decompression context — for the next miss). Reads of a blob whose store hangs pile up as
 //! queued memory, not threads; another blob gets threads of its own at once.
 //!
 //! **A deadline that holds whatever the store does.** Every read is answered by its deadline: a reaper
@@ -27,6 +28,7 @@ use strata_registry::digest::Digest;
 use rustix::io::Errno;
 
 use crate::fuse::session::Reply;
+use crate::workers::Workers;
 
 /// How long reads of a blob fail at once after one of its reads timed out.
 pub const FAIL_FAST: Duration = Duration::from_secs(1);
@@ -94,13 +96,15 @@ struct Shared {
 /// The scheduler of slow reads.
 pub struct SlowReads {
     shared: Arc<Shared>,
+    workers: Workers,
     pub deadline: Duration,
 }
 
 impl SlowReads {
-    /// A scheduler with at most `per_blob` threads per blob and reads answered by `deadline`;
-    /// `on_timeout` counts reads that missed it.
+    /// A scheduler with at most `per_blob` threads per blob (taken from `workers`) and reads answered
+    /// by `deadline`; `on_timeout` counts reads that missed it.
     pub fn new(
+        workers: Workers,
         per_blob: usize,
         deadline: Duration,
         on_timeout: Box<dyn Fn() + Send + Sync>,
@@ -117,7 +121,11 @@ impl SlowReads {
         std::thread::Builder::new()
             .name("strata-deadline".into())
             .spawn(move || reaper(&s))?;
-        Ok(SlowReads { shared, deadline })
+        Ok(SlowReads {
+            shared,
+            workers,
+            deadline,
+        })
     }
 
     /// Queues a read of `blob`; `work` runs on a thread of the blob's (unless the deadline passes
@@ -151,10 +159,7 @@ impl SlowReads {
         };
         if spawn {
             let s = self.shared.clone();
-            let started = std::thread::Builder::new()
-                .name("strata-read".into())
-                .spawn(move || drain(&s, blob));
-            if started.is_err() {
+            if self.workers.run(move || drain(&s, blob)).is_err() {
                 // No thread to spare: the reads stay queued for the blob's other threads, or the
                 // deadline answers them.
                 let mut qs = self.shared.lock_queues();

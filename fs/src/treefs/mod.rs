@@ -138,6 +138,7 @@ impl TreeFs {
             .collect();
         let m = metrics.clone();
         let slow = SlowReads::new(
+            fetcher.workers().clone(),
             READS_PER_BLOB,
             fetcher.deadline,
             Box::new(move || m.error("timeout")),
