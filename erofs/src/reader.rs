@@ -602,6 +602,28 @@ impl ErofsImage {
         Ok(entries)
     }
 
+    /// Whether any inode reachable from the root carries an xattr (a walk of every directory; stops
+    /// at the first one found). A layer without any may tell its readers it has no xattrs at all.
+    pub fn any_xattrs(&self) -> Result<bool, ErofsError> {
+        let root = self.inode(self.root_nid())?;
+        if !root.xattrs.is_empty() {
+            return Ok(true);
+        }
+        let mut dirs = vec![root];
+        while let Some(dir) = dirs.pop() {
+            for e in self.read_dir(&dir)? {
+                let inode = self.inode(e.nid)?;
+                if !inode.xattrs.is_empty() {
+                    return Ok(true);
+                }
+                if inode.is_dir() {
+                    dirs.push(inode);
+                }
+            }
+        }
+        Ok(false)
+    }
+
     /// Looks a `/`-separated path up from the root without following symlinks (`.` and `..` are resolved
     /// through the directories' own entries). `Ok(None)` if a component is missing or not a directory.
     pub fn lookup(&self, path: &[u8]) -> Result<Option<Inode>, ErofsError> {

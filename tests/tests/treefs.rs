@@ -248,3 +248,99 @@ fn tree_server_serves_a_layer_and_stacks_under_overlay() {
     let null = std::fs::symlink_metadata(merged.join("null")).expect("device");
     assert_eq!(null.rdev(), makedev(1, 3));
 }
+
+/// A layer of twenty small files in `d/`, a symlink to one, and no xattr anywhere (written directly).
+fn plain_image(path: &Path) {
+    let mut t = Tree::new();
+    t.insert(b"", meta(0o755), NodeKind::Dir(Default::default()))
+        .expect("root");
+    t.insert(b"d", meta(0o755), NodeKind::Dir(Default::default()))
+        .expect("d");
+    for i in 0..20 {
+        let body = format!("file {i}\n").into_bytes();
+        let kind = NodeKind::File {
+            size: body.len() as u64,
+            data: FileData::Inline(body),
+        };
+        t.insert(format!("d/f{i}").as_bytes(), meta(0o644), kind)
+            .expect("file");
+    }
+    t.insert(b"l", meta(0o777), NodeKind::Symlink(b"d/f7".to_vec()))
+        .expect("symlink");
+    let img = write_image(&t, &[], 20, &|_| None).expect("write image");
+    std::fs::write(path, img).expect("write image file");
+}
+
+#[test]
+fn a_listed_directory_costs_no_lookups_and_a_layer_without_xattrs_no_xattr_requests() {
+    if !have(&[Need::Fuse]) {
+        return;
+    }
+    let work = scratch("treefs-plain");
+    let store = StoreEnv::local(&work.path().join("store"));
+    let node = Node::new(&store, &work.path().join("cache"));
+    let img = work.path().join("plain.erofs");
+    plain_image(&img);
+    let m = node.mount(&img, &work.path().join("plain"));
+    let tree = m.0.as_ref().expect("mounted");
+    let requests = || {
+        tree.stats()
+            .requests
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    // Rust's stat asks for the birth time too, so the kernel's first stat of the connection sends one
+    // FUSE_STATX (ENOSYS: never again); have it done before counting.
+    std::fs::symlink_metadata(m.path()).expect("stat root");
+    // READDIRPLUS: the listing brings every entry's attributes; stat of each then asks nothing.
+    let names: Vec<_> = std::fs::read_dir(m.path().join("d"))
+        .expect("list")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names.len(), 20);
+    let before = requests();
+    for n in &names {
+        let md = std::fs::symlink_metadata(m.path().join("d").join(n)).expect("stat");
+        assert_eq!(
+            md.len(),
+            format!("file {}\n", &n.to_string_lossy()[1..]).len() as u64
+        );
+    }
+    assert_eq!(requests() - before, 0, "lookups of listed names");
+    // Symlink targets stay in the kernel's page cache: one READLINK for any number of reads.
+    let link = m.path().join("l");
+    assert_eq!(
+        std::fs::read_link(&link).expect("readlink"),
+        Path::new("d/f7")
+    );
+    let before = requests();
+    for _ in 0..5 {
+        assert_eq!(
+            std::fs::read_link(&link).expect("readlink"),
+            Path::new("d/f7")
+        );
+    }
+    assert_eq!(requests() - before, 0, "READLINKs of a cached link");
+    // Once the background walk found no xattr, GETXATTR is ENOSYS: the kernel answers EOPNOTSUPP
+    // itself from then on, and asks the server nothing more.
+    let file = m.path().join("d/f3");
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match xattr::get(&file, "trusted.overlay.opaque") {
+            Ok(None) => {}
+            Ok(Some(v)) => panic!("an xattr nobody wrote: {v:?}"),
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => break,
+            Err(e) => panic!("getxattr: {e}"),
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "GETXATTR never became ENOSYS"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = requests();
+    let e = xattr::get(&file, "user.any").expect_err("no xattrs");
+    assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP));
+    assert_eq!(requests() - before, 0, "GETXATTR after ENOSYS");
+    // Reads are unchanged.
+    assert_eq!(std::fs::read(&link).expect("read"), b"file 7\n");
+}

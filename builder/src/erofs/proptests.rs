@@ -171,5 +171,7 @@ proptest! {
         let bytes = chunks.write(&tree, chunk_bits).expect("write");
         let img = ErofsImage::parse(bytes).expect("parse");
         assert_same(&tree, &img, &chunks);
+        let any = tree.nodes.iter().any(|n| !n.meta.xattrs.is_empty());
+        prop_assert_eq!(img.any_xattrs().expect("walk"), any);
     }
 }

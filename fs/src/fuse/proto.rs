@@ -42,15 +42,20 @@ pub mod op {
     pub const INTERRUPT: u32 = 36;
     pub const DESTROY: u32 = 38;
     pub const BATCH_FORGET: u32 = 42;
+    pub const READDIRPLUS: u32 = 44;
 }
 
 /// `INIT` flags (`flags` low 32 bits, `flags2` high 32 bits when `INIT_EXT` is set).
 pub mod init {
     pub const ASYNC_READ: u64 = 1 << 0;
     pub const BIG_WRITES: u64 = 1 << 5;
+    /// The kernel may list directories with `READDIRPLUS` (entries with their attributes).
+    pub const DO_READDIRPLUS: u64 = 1 << 13;
     pub const ASYNC_DIO: u64 = 1 << 15;
     pub const PARALLEL_DIROPS: u64 = 1 << 18;
     pub const MAX_PAGES: u64 = 1 << 22;
+    /// The kernel keeps symlink targets in the page cache (one `READLINK` per link, not per walk).
+    pub const CACHE_SYMLINKS: u64 = 1 << 23;
     pub const INIT_EXT: u64 = 1 << 30;
     /// The kernel resends requests on `FUSE_NOTIFY_RESEND` (Linux 6.9+).
     pub const HAS_RESEND: u64 = 1 << 39;
@@ -244,6 +249,25 @@ pub fn push_dirent(out: &mut Vec<u8>, ino: u64, off: u64, kind: u32, name: &[u8]
 /// The size of a directory entry with a name of `len` bytes.
 pub fn dirent_size(len: usize) -> usize {
     (std::mem::size_of::<Dirent>() + len).div_ceil(8) * 8
+}
+
+/// Appends one `READDIRPLUS` entry (`struct fuse_direntplus`: the entry's lookup answer, then its
+/// directory entry). A `nodeid` of 0 in `entry` tells the kernel to make no dentry of it (`.`, `..`).
+pub fn push_direntplus(
+    out: &mut Vec<u8>,
+    entry: &EntryOut,
+    ino: u64,
+    off: u64,
+    kind: u32,
+    name: &[u8],
+) {
+    out.extend_from_slice(entry.as_bytes());
+    push_dirent(out, ino, off, kind, name);
+}
+
+/// The size of a `READDIRPLUS` entry with a name of `len` bytes.
+pub fn direntplus_size(len: usize) -> usize {
+    std::mem::size_of::<EntryOut>() + dirent_size(len)
 }
 
 #[cfg(test)]

@@ -71,7 +71,9 @@ pub struct Options {
     /// name that is not there is answered as a negative entry, node 0 with [`Options::ttl`], not
     /// `ENOENT`), and opens cost no message: `OPEN` and `OPENDIR` are answered `ENOSYS`, after which the
     /// kernel opens files with `FOPEN_KEEP_CACHE` and directories with `FOPEN_CACHE_DIR` by itself (its
-    /// zero-message opens, FUSE 7.23 and 7.29; we need 7.31) and sends no `RELEASE` either.
+    /// zero-message opens, FUSE 7.23 and 7.29; we need 7.31) and sends no `RELEASE` either. Directories
+    /// are listed with `READDIRPLUS` (every entry with its attributes: no lookup of a listed name), and
+    /// the kernel keeps symlink targets in its page cache (`FUSE_CACHE_SYMLINKS`).
     pub immutable: bool,
     /// This session takes over a connection another server served: get back what that one left.
     pub adopt: bool,
@@ -372,19 +374,7 @@ impl<F: Filesystem> Worker<F> {
             op::INIT => self.init(req, reply),
             op::FORGET | op::BATCH_FORGET | op::INTERRUPT => reply.abandon(),
             op::LOOKUP => match self.fs.lookup(ino, req.name()) {
-                Ok(attr) => {
-                    let (s, ns) = ttl(self.opts.ttl);
-                    let e = proto::EntryOut {
-                        nodeid: attr.ino,
-                        entry_valid: s,
-                        attr_valid: s,
-                        entry_valid_nsec: ns,
-                        attr_valid_nsec: ns,
-                        attr,
-                        ..Default::default()
-                    };
-                    reply.data(&[e.as_bytes()]);
-                }
+                Ok(attr) => reply.data(&[self.entry(attr).as_bytes()]),
                 // A negative entry the kernel keeps: programs probe many names that are not there
                 // (an interpreter's module search), each a round trip otherwise.
                 Err(Errno::NOENT) if self.opts.immutable => {
@@ -435,7 +425,8 @@ impl<F: Filesystem> Worker<F> {
                 Ok(r) => self.fs.read(ino, r.offset, r.size, reply),
                 Err(_) => reply.error(Errno::INVAL),
             },
-            op::READDIR => self.readdir(req, reply),
+            op::READDIR => self.readdir(req, reply, false),
+            op::READDIRPLUS => self.readdir(req, reply, true),
             op::READLINK => match self.fs.readlink(ino) {
                 Ok(target) => reply.data(&[&target]),
                 Err(e) => reply.error(e),
@@ -477,6 +468,11 @@ impl<F: Filesystem> Worker<F> {
             | init::PARALLEL_DIROPS
             | init::MAX_PAGES
             | init::INIT_EXT;
+        // A tree that never changes also lists with attributes and lets the kernel cache link targets.
+        let wanted = match self.opts.immutable {
+            true => wanted | init::DO_READDIRPLUS | init::CACHE_SYMLINKS,
+            false => wanted,
+        };
         let flags = wanted & kernel;
         self.stats
             .kernel_resend
@@ -522,7 +518,24 @@ impl<F: Filesystem> Worker<F> {
         }
     }
 
-    fn readdir(&self, req: &Request<'_>, reply: Reply) {
+    /// The answer to a lookup that found `attr`, kept by the kernel for the session's TTL.
+    fn entry(&self, attr: Attr) -> proto::EntryOut {
+        let (s, ns) = ttl(self.opts.ttl);
+        proto::EntryOut {
+            nodeid: attr.ino,
+            entry_valid: s,
+            attr_valid: s,
+            entry_valid_nsec: ns,
+            attr_valid_nsec: ns,
+            attr,
+            ..Default::default()
+        }
+    }
+
+    /// `READDIR`, or with `plus` `READDIRPLUS`: each entry then carries its lookup answer, so that the
+    /// kernel makes its dentry and inode at once and a later lookup of the name costs no round trip
+    /// (an interpreter lists a directory, then opens what it found there).
+    fn readdir(&self, req: &Request<'_>, reply: Reply, plus: bool) {
         let Ok(r) = req.arg::<proto::ReadIn>() else {
             return reply.error(Errno::INVAL);
         };
@@ -540,10 +553,27 @@ impl<F: Filesystem> Worker<F> {
             if (k as u64) < r.offset {
                 continue;
             }
-            if out.len() + proto::dirent_size(name.len()) > r.size as usize {
+            let off = k as u64 + 1;
+            if !plus {
+                if out.len() + proto::dirent_size(name.len()) > r.size as usize {
+                    break;
+                }
+                proto::push_dirent(&mut out, child, off, kind, &name);
+                continue;
+            }
+            if out.len() + proto::direntplus_size(name.len()) > r.size as usize {
                 break;
             }
-            proto::push_dirent(&mut out, child, k as u64 + 1, kind, &name);
+            // `.` and `..` (the first two) get no dentry; an entry whose attributes cannot be read
+            // is listed without, and its lookup reports the error.
+            let entry = match k {
+                0 | 1 => proto::EntryOut::default(),
+                _ => self
+                    .fs
+                    .getattr(child)
+                    .map_or_else(|_| proto::EntryOut::default(), |a| self.entry(a)),
+            };
+            proto::push_direntplus(&mut out, &entry, child, off, kind, &name);
         }
         reply.data(&[&out]);
     }

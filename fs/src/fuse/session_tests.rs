@@ -48,6 +48,18 @@ impl Filesystem for Fake {
     }
 }
 
+/// A one-worker session over a fresh pair serving [`Fake`], `immutable` or not: (the kernel's end, it).
+fn started(immutable: bool) -> (std::os::fd::OwnedFd, Session) {
+    let (kernel, server) = pair();
+    let opts = Options {
+        immutable,
+        ..Options::default()
+    };
+    let chan = Arc::new(Channel::from_fd(server));
+    let s = Session::start(chan, Arc::new(Fake::default()), 1, opts).expect("start");
+    (kernel, s)
+}
+
 #[test]
 fn init_lookup_getattr_read_readdir_and_unknown_ops() {
     let (kernel, server) = pair();
@@ -169,18 +181,7 @@ fn a_stopped_session_leaves_requests_unanswered_for_a_successor() {
 
 #[test]
 fn an_immutable_tree_caches_missing_names_and_opens_without_messages() {
-    let (kernel, server) = pair();
-    let opts = Options {
-        immutable: true,
-        ..Options::default()
-    };
-    let s = Session::start(
-        Arc::new(Channel::from_fd(server)),
-        Arc::new(Fake::default()),
-        1,
-        opts,
-    )
-    .expect("start");
+    let (kernel, s) = started(true);
     // A missing name: node 0 with a timeout (a negative entry the kernel keeps), not ENOENT.
     send(&kernel, op::LOOKUP, 30, 1, b"nope\0");
     let (h, body) = recv(&kernel);
@@ -197,14 +198,7 @@ fn an_immutable_tree_caches_missing_names_and_opens_without_messages() {
 
 #[test]
 fn a_close_never_waits_for_the_server() {
-    let (kernel, server) = pair();
-    let s = Session::start(
-        Arc::new(Channel::from_fd(server)),
-        Arc::new(Fake::default()),
-        1,
-        Options::default(),
-    )
-    .expect("start");
+    let (kernel, s) = started(false);
     // Every open says: no FLUSH on close; a FLUSH is ENOSYS, after which the kernel sends none.
     send(&kernel, op::OPEN, 31, 5, &[0; 8]);
     let (_, body) = recv(&kernel);
@@ -215,6 +209,66 @@ fn a_close_never_waits_for_the_server() {
     // A missing name of a tree that may change is ENOENT, remembered nowhere.
     send(&kernel, op::LOOKUP, 33, 1, b"nope\0");
     assert_eq!(recv(&kernel).0.error, -libc::ENOENT);
+    drop(kernel);
+    s.join();
+}
+
+#[test]
+fn an_immutable_tree_lists_with_attributes_and_lets_the_kernel_cache_links() {
+    let (kernel, s) = started(true);
+    let offered = init::MAX_PAGES | init::DO_READDIRPLUS | init::CACHE_SYMLINKS;
+    let init = InitIn {
+        major: 7,
+        minor: 41,
+        max_readahead: 1 << 17,
+        flags: offered as u32,
+        ..Default::default()
+    };
+    send(&kernel, op::INIT, 1, 0, init.as_bytes());
+    let out = InitOut::read_from_prefix(&recv(&kernel).1).expect("init").0;
+    assert_eq!(u64::from(out.flags), offered);
+    // ".", ".." and "f", each with its place; only "f" carries a lookup answer (its dentry).
+    send(&kernel, op::READDIRPLUS, 2, 1, &read_arg(0, 4096));
+    let (h, body) = recv(&kernel);
+    assert_eq!(h.error, 0);
+    let mut rest = &body[..];
+    let mut seen = Vec::new();
+    while !rest.is_empty() {
+        let (e, after) = EntryOut::read_from_prefix(rest).expect("entry");
+        let (d, name) = proto::Dirent::read_from_prefix(after).expect("dirent");
+        let name = name[..d.namelen as usize].to_vec();
+        seen.push((e.nodeid, e.entry_valid, d.ino, d.off, name.clone()));
+        rest = &rest[proto::direntplus_size(name.len())..];
+    }
+    assert_eq!(
+        seen,
+        vec![
+            (0, 0, 1, 1, b".".to_vec()),
+            (0, 0, 1, 2, b"..".to_vec()),
+            (5, 3600, 5, 3, b"f".to_vec()),
+        ]
+    );
+    // From an offset, and in a buffer too small for the next entry: nothing, not a cut entry.
+    send(&kernel, op::READDIRPLUS, 3, 1, &read_arg(2, 4096));
+    assert_eq!(recv(&kernel).1.len(), proto::direntplus_size(1));
+    send(&kernel, op::READDIRPLUS, 4, 1, &read_arg(2, 100));
+    assert!(recv(&kernel).1.is_empty());
+    drop(kernel);
+    s.join();
+}
+
+#[test]
+fn a_tree_that_may_change_lists_without_attributes() {
+    let (kernel, s) = started(false);
+    let init = InitIn {
+        major: 7,
+        minor: 41,
+        flags: (init::DO_READDIRPLUS | init::CACHE_SYMLINKS) as u32,
+        ..Default::default()
+    };
+    send(&kernel, op::INIT, 1, 0, init.as_bytes());
+    let out = InitOut::read_from_prefix(&recv(&kernel).1).expect("init").0;
+    assert_eq!(out.flags, 0);
     drop(kernel);
     s.join();
 }
