@@ -401,13 +401,10 @@ struct Context {
 }
 
 impl Context {
-    /// Fills the chunks under a range: the answer to give.
+    /// Fills the chunks under a range: the answer to give (the caller counts the fill).
     fn fill(&self, view: &ViewFile, offset: u64, count: u64, pid: u32) -> Answer {
         match view.fill(&self.fetcher, view.chunks_in(offset, count), pid) {
-            Ok(()) => {
-                self.stats.fills.fetch_add(1, Ordering::Relaxed);
-                Answer::Allow
-            }
+            Ok(()) => Answer::Allow,
             Err(e) => {
                 self.stats.denied.fetch_add(1, Ordering::Relaxed);
                 self.metrics.error(match &e {
@@ -426,6 +423,9 @@ impl Context {
         let range = job.view.chunks_in(job.offset, job.count);
         let sequential = job.view.follows(&range);
         let answer = self.fill(&job.view, job.offset, job.count, job.pid);
+        if answer == Answer::Allow {
+            self.stats.fills.fetch_add(1, Ordering::Relaxed);
+        }
         self.answer(job.number, answer);
         if let Some(s) = job.slot {
             self.journal.clear(s);
@@ -454,6 +454,10 @@ impl Context {
             if self.fill(v, a.offset, a.count, a.pid) != Answer::Allow {
                 answer = Answer::Deny(libc::EIO);
             }
+        }
+        // One event, one fill, however many view files a range of an unknown blob was filled in.
+        if answer == Answer::Allow {
+            self.stats.fills.fetch_add(1, Ordering::Relaxed);
         }
         match self.group.answer(a.number, answer) {
             // The predecessor had answered it (a read it allowed at once, or one it answered just
