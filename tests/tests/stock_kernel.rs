@@ -8,9 +8,10 @@
 //! the tree it stands for (the `treelist` program run on both sides); reads of the whole tree must
 //! go on without error or hang while the server is killed with SIGKILL; `fuse` mode forced must do the
 //! same (its per-layer connections kept by the holder, requests a killed server left answered from their
-//! journals); and what `scripts/demo` does — a busybox root built, mounted, and its bubblewrap line run
-//! in it (the init first moves the guest from its initramfs to a tmpfs root, which pivot_root accepts)
-//! — must work.
+//! journals); and `scripts/demo-run` — the body of `scripts/demo` after it set the machine up and built
+//! strata, run as it is: a busybox root built into the default store, mounted by a stratad with the
+//! default configuration (which must pick `loop`), and its bubblewrap line run in it (the init first
+//! moves the guest from its initramfs to a tmpfs root, which pivot_root accepts) — must work.
 //! The guest's cold-read figures (loop, fuse, kernel EROFS on a materialized copy) are printed.
 
 use std::os::unix::fs::MetadataExt;
@@ -204,6 +205,8 @@ fn data_tree(work: &Path, data: &Path) {
     std::fs::write(data.join("expected.txt"), listing).expect("listing");
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     std::fs::copy(here.join("stock-kernel/run.sh"), data.join("run.sh")).expect("run.sh");
+    // scripts/demo's body, run as it is (POSIX sh: the guest's shell is busybox's).
+    std::fs::copy(here.join("../scripts/demo-run"), data.join("demo-run")).expect("demo-run");
 }
 
 /// An ext4 image of `data` with room for the state directories (chunk caches, layer metadata).
