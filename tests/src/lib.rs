@@ -181,9 +181,20 @@ impl Need {
             Need::Containerd => {
                 runs("containerd") && runs("ctr") && runs("containerd-shim-runc-v2") && runs("runc")
             }
-            Need::PreContent => Need::Mount.present() && kernel_at_least(6, 14),
+            Need::PreContent => Need::Mount.present() && pre_content_events(),
         }
     }
+}
+
+/// Whether this kernel takes fanotify pre-content marks, probed as stratad probes it
+/// (`strata_fs::modes::probe`), not read from its version: a 6.14+ kernel built without
+/// `CONFIG_FANOTIFY_ACCESS_PERMISSIONS` has none. Probed once per test process.
+fn pre_content_events() -> bool {
+    static HAVE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAVE.get_or_init(|| {
+        let dir = scratch("pre-content-probe");
+        strata_fs::modes::probe(dir.path()).pre_content.is_none()
+    })
 }
 
 /// Whether the running kernel is at least `major.minor`.
