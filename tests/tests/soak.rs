@@ -3,7 +3,8 @@
 //!
 //! Machines ([`strata_tests::machines`]): 3 builders, 4 nodes and one "ops" machine, each a network
 //! namespace with its own MooseFS client, local disk, index cache and (nodes) stratad. For
-//! `STRATA_SOAK_SECS` (default 25) seconds:
+//! `STRATA_SOAK_SECS` (default 25) seconds, and up to a minute longer until gc has deleted something and
+//! compaction has rewritten something:
 //!
 //! - each builder builds round after round ([`strata_tests::soak`]: files common to all builders, one
 //!   of its own, one new per round), tags it `bK:rR`, moves `bK:latest` and `shared:latest` (one tag
@@ -40,6 +41,8 @@ struct Board {
     first_done: Mutex<u32>,
     first_cv: Condvar,
     stop: AtomicBool,
+    /// The collector has deleted something and compaction has rewritten something (both asserted).
+    gc_did_both: AtomicBool,
 }
 
 impl Board {
@@ -225,6 +228,9 @@ fn collector(m: &Machine, store: &StoreEnv, board: &Board) -> Collected {
         c.condemned += n(&v["condemned"]);
         c.compacted += n(&v["compact"]["compacted"]);
         c.tags_moved += n(&v["compact"]["tags_moved"]);
+        if c.deleted > 0 && c.compacted > 0 {
+            board.gc_did_both.store(true, Ordering::Relaxed);
+        }
         std::thread::sleep(Duration::from_millis(700));
     }
     c
@@ -346,6 +352,14 @@ fn soak(cluster: &Cluster, backend: Backend) {
             .collect();
         let g = s.spawn(|| collector(&ops, &backend.store(&ops), &board));
         std::thread::sleep(Duration::from_secs(soak_secs()));
+        // Garbage is deleted two collections after it is condemned, at least the grace apart, and only
+        // once its tag is two rounds old: a slow store (a fresh radosgw on a loaded machine ran 6
+        // collections in 25 s and deleted nothing yet) gets up to a minute more, everything still
+        // running, before the run ends.
+        let more = Instant::now() + Duration::from_secs(60);
+        while !board.gc_did_both.load(Ordering::Relaxed) && Instant::now() < more {
+            std::thread::sleep(Duration::from_millis(200));
+        }
         board.stop.store(true, Ordering::Relaxed);
         let builds: Vec<Vec<Built>> = bs.into_iter().map(join).collect();
         let reads: Vec<(u32, u64, u32)> = ns.into_iter().map(join).collect();
