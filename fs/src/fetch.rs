@@ -709,18 +709,24 @@ impl Fetcher {
         let toc = &blob.toc;
         let mut frames: HashMap<usize, Result<Vec<u8>, FrameError>> = HashMap::new();
         let mut out = Vec::with_capacity(claimed.len());
+        let raw = |f: usize| {
+            let fr = &toc.frames[f];
+            let lo = (fr.offset - start) as usize;
+            let raw = bytes.get(lo..lo + fr.compressed as usize).unwrap_or(&[]);
+            decompress(raw, fr.uncompressed as usize)
+        };
         for &j in claimed {
             let c = &toc.chunks[j];
             let f = c.frame as usize;
-            let frame = frames.entry(f).or_insert_with(|| {
-                let fr = &toc.frames[f];
-                let lo = (fr.offset - start) as usize;
-                let raw = bytes.get(lo..lo + fr.compressed as usize).unwrap_or(&[]);
-                decompress(raw, fr.uncompressed as usize)
-            });
-            let chunk = match frame {
-                Ok(fb) => verified_chunk(c, fb).map(|b| b.to_vec()).ok(),
-                Err(_) => None,
+            let chunk = if c.frame_offset == 0 && c.len == toc.frames[f].uncompressed {
+                // A frame of this chunk alone (every chunk but tiny ones): its decompressed bytes
+                // are the chunk's, kept as they are rather than copied out of the frame.
+                raw(f).ok().filter(|b| c.digest.matches(b))
+            } else {
+                match frames.entry(f).or_insert_with(|| raw(f)) {
+                    Ok(fb) => verified_chunk(c, fb).map(|b| b.to_vec()).ok(),
+                    Err(_) => None,
+                }
             };
             match chunk {
                 Some(b) => {
