@@ -137,6 +137,15 @@ impl Workers {
     }
 }
 
+impl Workers {
+    /// For `GET /v1/status`: threads live and idle, and started since the daemon began (a cold start
+    /// that starts about as many threads as it has misses is not reusing them).
+    pub fn status(&self) -> serde_json::Value {
+        let (threads, idle) = self.threads();
+        serde_json::json!({"threads": threads, "idle": idle, "started": self.started()})
+    }
+}
+
 impl Default for Workers {
     fn default() -> Workers {
         Workers::new("strata-work", IDLE_FOR, KEEP)

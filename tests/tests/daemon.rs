@@ -332,6 +332,13 @@ fn cache_bound_holds_under_a_larger_working_set() {
         }
         std::fs::write("/proc/sys/vm/drop_caches", "3").ok();
     }
+    // The misses' background work (slow reads, followers) ran on reused threads: before the pool, each
+    // of the 24 reads' misses started one or two.
+    let ps = json(&d.ok(&["ps", "--json"]));
+    let w = &ps["status"]["workers"];
+    let started = w["started"].as_u64().expect("workers.started");
+    eprintln!("workers after 24 missing reads: {w}");
+    assert!(started < 12, "threads started for 24 missing reads: {w}");
 }
 
 #[test]

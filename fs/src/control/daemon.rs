@@ -643,6 +643,7 @@ impl Daemon {
             "vm_layers": vm_layers,
             "sandboxes": st.sandboxes.len(),
             "prefetch": self.warming.status(),
+            "workers": self.fetcher.workers().status(),
             "trace": self.table.trace.is_on(),
             "recording_plan": self.warming.recording().map(|d| d.to_string()),
         })
