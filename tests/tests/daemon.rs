@@ -236,12 +236,20 @@ fn s3_lazy_reads_survive_a_store_outage_within_the_deadline() {
         std::fs::read(root.join("data/a.bin")).expect("cached read with store down"),
         a
     );
-    // Store back: reads work again.
+    // Store back: reads work again — after at most a second: a blob whose read missed its deadline
+    // fails fast for FAIL_FAST (strata_fs::slowread), and the outage's last timeout may be that recent.
     proxy.set_down(false);
-    assert_eq!(
-        std::fs::read(root.join("data/b.bin")).expect("read after outage"),
-        b
-    );
+    let until = Instant::now() + strata_fs::slowread::FAIL_FAST * 5;
+    let got = loop {
+        match std::fs::read(root.join("data/b.bin")) {
+            Ok(got) => break got,
+            Err(e) if e.raw_os_error() == Some(libc::EIO) && Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Err(e) => panic!("read after outage: {e}"),
+        }
+    };
+    assert_eq!(got, b);
     let m = d.strata(&["ps"]);
     assert!(m.status.success());
 
