@@ -30,6 +30,7 @@ pub mod error_kind;
 pub mod fanotify;
 pub mod fetch;
 pub mod fuse;
+pub mod groups;
 pub mod kernelcheck;
 pub mod loopdev;
 pub mod metadir;

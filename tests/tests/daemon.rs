@@ -502,9 +502,14 @@ fn control_socket_and_blob_files_are_root_only_unless_a_group_is_allowed() {
 }
 
 /// Bytes the daemon fetched (settled) for a sandbox of `image` that read the last 4 KiB of `path`,
-/// with `--max-fetch-behind behind`.
-fn fetched_after_reading_the_tail(store: &StoreEnv, image: &str, path: &str, behind: &str) -> u64 {
-    let flags = ["--max-fetch-span", "64K", "--max-fetch-behind", behind];
+/// with `--max-fetch-span 64K` and `flags`, and the chunks then in its cache.
+fn fetched_after_reading_the_tail(
+    store: &StoreEnv,
+    image: &str,
+    path: &str,
+    flags: &[&str],
+) -> (u64, u64) {
+    let flags = [&["--max-fetch-span", "64K"], flags].concat();
     let d = Daemon::start(store, &flags);
     let rootfs = d.ok(&["mount", image, "--sandbox", "b1"]);
     {
@@ -530,7 +535,9 @@ fn fetched_after_reading_the_tail(store: &StoreEnv, image: &str, path: &str, beh
         }
         last = now;
     }
-    last.expect("fetched_bytes")
+    let status = json(&d.ok(&["daemon", "status"]));
+    let chunks = status["cache"]["chunks"].as_u64().expect("cache.chunks");
+    (last.expect("fetched_bytes"), chunks)
 }
 
 #[test]
@@ -545,12 +552,44 @@ fn a_miss_also_fetches_what_lies_behind_it_with_max_fetch_behind() {
         ("b.bin", random_bytes(4 << 20, 32)),
     ];
     build_image(&store, "behind:v1", &files);
-    let without = fetched_after_reading_the_tail(&store, "behind:v1", "data/b.bin", "0");
-    let with = fetched_after_reading_the_tail(&store, "behind:v1", "data/b.bin", "8M");
+    let tail =
+        |flags: &[&str]| fetched_after_reading_the_tail(&store, "behind:v1", "data/b.bin", flags);
+    let (without, _) = tail(&[]);
+    let (with, _) = tail(&["--max-fetch-behind", "8M"]);
     // 8 MiB behind b's last chunk: the rest of b and of a (random data: stored as is), in one
     // background request.
     assert!(
         with >= without + (4 << 20),
         "fetched {with} bytes with 8 MiB behind, {without} without"
+    );
+}
+
+#[test]
+fn a_miss_also_fetches_its_directorys_small_files_with_max_fetch_group() {
+    if !can_mount() {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    // Eight small files (the directory's members) and a large one, which is no member.
+    let mut files: Vec<(String, Vec<u8>)> = (0..8)
+        .map(|i| (format!("m{i}.bin"), random_bytes(128 << 10, 40 + i)))
+        .collect();
+    files.push(("z.bin".into(), random_bytes(4 << 20, 49)));
+    let refs: Vec<(&str, Vec<u8>)> = files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+    build_image(&store, "group:v1", &refs);
+    let tail =
+        |flags: &[&str]| fetched_after_reading_the_tail(&store, "group:v1", "data/m0.bin", flags);
+    let (without, alone) = tail(&[]);
+    let (with, cached) = tail(&["--max-fetch-group", "8M"]);
+    // The seven other members came with the miss (random data: stored as is); the large file did not.
+    assert!(
+        with >= without + 7 * (128 << 10) && with < without + (4 << 20),
+        "fetched {with} bytes with the group, {without} without"
+    );
+    assert_eq!(
+        (alone, cached),
+        (1, 8),
+        "chunks cached without and with the group"
     );
 }

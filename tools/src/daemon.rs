@@ -71,6 +71,10 @@ struct Args {
     /// Compressed bytes before a miss also fetched, in the background, e.g. 1M [default: 0, none].
     #[arg(long, value_name = "SIZE")]
     max_fetch_behind: Option<String>,
+    /// Compressed bytes of a missing file's directory (its other files of at most 256 KiB) also
+    /// fetched, in the background, e.g. 1M [default: 0, none].
+    #[arg(long, value_name = "SIZE")]
+    max_fetch_group: Option<String>,
     /// Worker threads answering the blob server's FUSE requests [default: 8].
     #[arg(long, value_name = "N")]
     fuse_threads: Option<usize>,
@@ -159,6 +163,9 @@ fn load(args: &Args) -> Result<Config> {
     }
     if let Some(s) = &args.max_fetch_behind {
         c.max_fetch_behind = parse_size(s)?;
+    }
+    if let Some(s) = &args.max_fetch_group {
+        c.max_fetch_group = parse_size(s)?;
     }
     if let Some(n) = args.fuse_threads {
         c.fuse_threads = n;

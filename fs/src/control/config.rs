@@ -33,6 +33,10 @@ pub struct Config {
     /// Compressed bytes before a miss fetched with it in the background (0: none, the default).
     #[serde(deserialize_with = "crate::size::deserialize")]
     pub max_fetch_behind: u64,
+    /// Compressed bytes of a miss's directory group (its directory's small files, see
+    /// [`crate::groups`]) fetched with it in the background (0: none, the default).
+    #[serde(deserialize_with = "crate::size::deserialize")]
+    pub max_fetch_group: u64,
     /// FUSE worker threads.
     pub fuse_threads: usize,
     /// A group (gid) allowed to use the control socket and read the blob files, besides root.
@@ -69,6 +73,7 @@ impl Default for Config {
             store_timeout_secs: 60.0,
             max_fetch_span: None,
             max_fetch_behind: 0,
+            max_fetch_group: 0,
             fuse_threads: 8,
             group: None,
             prefetch: true,

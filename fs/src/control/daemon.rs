@@ -307,6 +307,7 @@ impl Daemon {
             deadline,
         );
         fetcher.max_behind = config.max_fetch_behind;
+        fetcher.max_group = config.max_fetch_group;
         let fetcher = Arc::new(fetcher);
         let table = Arc::new(BlobTable::default());
         let (fan_kept, fds) = crate::control::views::take_kept(kept.fds);

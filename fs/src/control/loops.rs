@@ -112,6 +112,7 @@ impl Daemon {
         if self.mode != MountMode::Fuse {
             crate::kernelcheck::check_layer(meta)?;
         }
+        self.learn_groups(meta);
         let blobs: Vec<PathBuf> = match self.mode {
             MountMode::Fanotify => blobs
                 .iter()
@@ -165,6 +166,38 @@ impl Daemon {
                 Ok(())
             }
         }
+    }
+
+    /// Records a layer's directory groups ([`crate::groups`]) in the background, when misses fetch them
+    /// (`max_fetch_group`). A layer whose metadata cannot be walked just has no groups.
+    fn learn_groups(&self, meta: &Path) {
+        if self.fetcher.max_group == 0 {
+            return;
+        }
+        let (meta, fetcher, table) = (meta.to_path_buf(), self.fetcher.clone(), self.table.clone());
+        self.fetcher.workers().run_or_here(move || {
+            let image = match std::fs::read(&meta) {
+                Ok(b) => strata_erofs::ErofsImage::parse(b),
+                Err(e) => {
+                    return tracing::warn!(meta = %meta.display(), error = %e, "no directory groups")
+                }
+            };
+            let walked = image.and_then(|image| {
+                let devices: Vec<Option<Digest>> = image
+                    .devices()
+                    .iter()
+                    .map(|s| s.tag_hex().and_then(|h| Digest::from_hex(h).ok()))
+                    .collect();
+                let blob_of = |dev: u16| {
+                    let slot = usize::from(dev).checked_sub(1)?;
+                    table.handle(&devices.get(slot).copied().flatten()?)
+                };
+                fetcher.groups().add_layer(&image, blob_of)
+            });
+            if let Err(e) = walked {
+                tracing::warn!(meta = %meta.display(), error = %e, "no directory groups");
+            }
+        });
     }
 
     /// The loop devices bound to this node's files (blob files, layer metadata).

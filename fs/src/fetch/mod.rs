@@ -35,54 +35,14 @@ use strata_registry::model::BlobRef;
 use strata_registry::store::{key, Store, StoreError};
 use strata_registry::toc::{decompress, verified_chunk, FrameError, Toc};
 
+mod error;
+
+pub use error::FetchError;
+
 use crate::cache::{CacheError, ChunkCache, Verified};
+use crate::groups::Groups;
 use crate::metrics::Metrics;
 use crate::workers::Workers;
-
-/// Why a chunk could not be served. Shared by every reader waiting on one fetch, hence `Clone` (the
-/// store's and the cache's errors are kept whole, behind an `Arc`).
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum FetchError {
-    #[error("blob {blob}: no data within {after:?}")]
-    Timeout { blob: Digest, after: Duration },
-    #[error("blob {blob}: store failed: {source}")]
-    Store {
-        blob: Digest,
-        #[source]
-        source: Arc<StoreError>,
-    },
-    #[error("blob {blob}: chunk {chunk} failed verification twice")]
-    Corrupt { blob: Digest, chunk: Digest },
-    #[error("blob {blob}: chunk index {index} out of range")]
-    NoChunk { blob: Digest, index: usize },
-    #[error("blob {blob}: the store's answer for {range:?} ended early")]
-    ShortAnswer {
-        blob: Digest,
-        range: std::ops::Range<u64>,
-    },
-    #[error("blob {blob}: nothing was fetched")]
-    NothingFetched { blob: Digest },
-    #[error("blob {blob} is not served on this node")]
-    NotServed { blob: Digest },
-    #[error(transparent)]
-    Cache(Arc<CacheError>),
-}
-
-impl FetchError {
-    /// A short kind for metrics.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            FetchError::Timeout { .. } => "timeout",
-            FetchError::Store { .. } => "store",
-            FetchError::Corrupt { .. } => "corrupt",
-            FetchError::NoChunk { .. }
-            | FetchError::ShortAnswer { .. }
-            | FetchError::NothingFetched { .. }
-            | FetchError::NotServed { .. } => "invalid",
-            FetchError::Cache(_) => "cache",
-        }
-    }
-}
 
 /// A blob the node serves: its descriptor entry and verified table of contents.
 pub struct BlobHandle {
@@ -201,6 +161,10 @@ pub struct Fetcher {
     planned: std::sync::RwLock<std::collections::HashSet<Digest>>,
     /// Threads for the followers' and read-behind requests, shared with the slow-read schedulers.
     workers: Workers,
+    /// Compressed bytes of a miss's directory group fetched with it in the background (0: none; see
+    /// [`crate::groups`]).
+    pub max_group: u64,
+    groups: Groups,
 }
 
 impl Fetcher {
@@ -222,7 +186,14 @@ impl Fetcher {
             metrics,
             planned: Default::default(),
             workers: Workers::default(),
+            max_group: 0,
+            groups: Groups::default(),
         }
+    }
+
+    /// The mounted layers' directory groups, for misses to fetch their neighbours with `max_group`.
+    pub fn groups(&self) -> &Groups {
+        &self.groups
     }
 
     /// The pool background fetches run on; the slow-read schedulers of the node's servers share it.
@@ -421,6 +392,7 @@ impl Fetcher {
     ) -> Option<Result<ChunkBytes, FetchError>> {
         let toc = &blob.toc;
         let span: u64;
+        let unplanned = !self.is_planned(&blob.blob.digest);
         let (claimed, flights, behind, behind_flights) = {
             let mut inflight = self.lock();
             if inflight.contains_key(&toc.chunks[i].digest) {
@@ -428,9 +400,9 @@ impl Fetcher {
             }
             let first_frame = toc.chunks[i].frame as usize;
             let base = toc.frames[first_frame].offset;
-            let max_span = match self.is_planned(&blob.blob.digest) {
-                true => 0,
-                false => self.max_span,
+            let max_span = match unplanned {
+                true => self.max_span,
+                false => 0,
             };
             let mut claimed = Vec::new();
             let mut last_frame = first_frame;
@@ -479,8 +451,23 @@ impl Fetcher {
                 let _ = me.complete_streamed(&b, &behind, &behind_flights);
             });
         }
+        // The rest of the miss's directory (a planned blob's plan knows better), charged with it.
+        let mut charged = span;
+        if self.max_group > 0 && unplanned {
+            let cached = |d: &Digest| self.cache.contains(d);
+            let (group, bytes) = self
+                .groups
+                .missing(blob, i, &claimed, cached, self.max_group);
+            if !group.is_empty() {
+                charged += bytes;
+                let (me, b) = (self.clone(), blob.clone());
+                self.workers.run_or_here(move || {
+                    let _ = me.fetch_chunks(&b, &group);
+                });
+            }
+        }
         // Charged to the reader's sandbox (outside the lock: it reads /proc).
-        self.metrics.attribution.miss(span);
+        self.metrics.attribution.miss(charged);
         // The chunks of chunk `i`'s own frame are fetched here; the followers (later frames) in a second
         // request on a background thread, so that the reader waits only for its own frame's transfer,
         // decompression and check, while the followers arrive in parallel.
@@ -788,5 +775,4 @@ fn span(toc: &Toc, claimed: &[usize]) -> std::ops::Range<u64> {
 }
 
 #[cfg(test)]
-#[path = "fetch_tests.rs"]
 mod tests;
