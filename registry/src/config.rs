@@ -202,6 +202,17 @@ fn substitute(value: &str, below: &[String]) -> String {
     out
 }
 
+/// Whether no value of `env` names a key set before it in `env` (its own key it may name: an entry's
+/// value is expanded before the entry is set).
+fn refs_stay_below(env: &[String]) -> bool {
+    env.iter().enumerate().all(|(p, e)| {
+        pieces(split(e).1).iter().all(|piece| match piece {
+            Piece::Var(n) => !env[..p].iter().any(|before| split(before).0 == *n),
+            _ => true,
+        })
+    })
+}
+
 /// A literal value written as a declared one (every `$` doubled).
 pub fn escape(value: &str) -> String {
     value.replace('$', "$$")
@@ -267,6 +278,13 @@ impl LayerConfig {
             let (k, v) = split(e);
             let v = substitute(v, &env);
             set(&mut env, k, &v);
+        }
+        // Entries apply in order, each seeing the ones before it. A substituted value that still names
+        // a key set before it in the merged list would see that key's new value, not the one below
+        // (`B=$B:x` then `PATH=$B` merge into `B=$B:x`, `PATH=$B:x`). Then the two lists, one after the
+        // other, say what the two configs did.
+        if !refs_stay_below(&env) {
+            env = self.env.iter().chain(&upper.env).cloned().collect();
         }
         let cmd = match (&upper.cmd, &upper.entrypoint) {
             (Some(c), _) => Some(c.clone()),

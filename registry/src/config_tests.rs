@@ -85,6 +85,19 @@ fn composition_keeps_unresolved_references() {
     assert_eq!(a.then(&b).env, env(&["PATH=/b:/a:${PATH}", "P=$$"]));
 }
 
+#[test]
+fn composition_never_lets_a_value_see_a_key_set_before_it() {
+    // PATH=$B means B below `a`; merged, `PATH=$B$` would see the B that `a` sets first.
+    let a = LayerConfig {
+        env: env(&["B=$B$", "PATH=$B"]),
+        ..Default::default()
+    };
+    let b = LayerConfig::default();
+    let base = ImageConfig::default();
+    assert_eq!(a.then(&b).apply(&base), b.apply(&a.apply(&base)));
+    assert_eq!(a.then(&b).apply(&base).env, env(&["B=$", "PATH=$"]));
+}
+
 fn value() -> impl Strategy<Value = String> {
     proptest::collection::vec(
         prop_oneof![
