@@ -201,6 +201,20 @@ mod tests {
         p
     }
 
+    /// The probe's refusal of `p`, asked again while the file is busy: another test thread's fork can
+    /// hold the copy's write descriptor for a moment (`ETXTBSY`), which is not what is under test.
+    fn refusal(b: &Binary, limit: Duration) -> StartError {
+        for _ in 0..100 {
+            match b.probe(limit).unwrap_err() {
+                StartError::Exec { source, .. } if source.raw_os_error() == Some(libc::ETXTBSY) => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                e => return e,
+            }
+        }
+        panic!("the binary stayed busy");
+    }
+
     #[test]
     fn the_probe_refuses_what_is_not_a_working_stratad() {
         let t = tempfile::tempdir().unwrap();
@@ -215,11 +229,11 @@ mod tests {
         assert!(matches!(e, StartError::Exec { .. }), "{e}");
         // Exits at once, says nothing.
         let p = copy(t.path(), "/bin/true", "true");
-        let e = Binary::open(&p).unwrap().probe(limit).unwrap_err();
+        let e = refusal(&Binary::open(&p).unwrap(), limit);
         assert!(e.to_string().contains("not a stratad version"), "{e}");
         // Fails.
         let p = copy(t.path(), "/bin/false", "false");
-        let e = Binary::open(&p).unwrap().probe(limit).unwrap_err();
+        let e = refusal(&Binary::open(&p).unwrap(), limit);
         assert!(e.to_string().contains("failed"), "{e}");
     }
 
@@ -232,7 +246,7 @@ mod tests {
         let tmp = t.path().join("new");
         std::fs::write(&tmp, b"garbage").unwrap();
         std::fs::rename(&tmp, &p).unwrap();
-        let e = held.probe(Duration::from_secs(5)).unwrap_err();
+        let e = refusal(&held, Duration::from_secs(5));
         assert!(
             matches!(e, StartError::Probe { .. }),
             "the held /bin/true ran (and is no stratad): {e}"
