@@ -130,19 +130,17 @@ impl Workers {
         self.shared.started.load(Ordering::Relaxed)
     }
 
-    /// Live threads and idle ones.
-    pub fn threads(&self) -> (usize, usize) {
-        let st = self.shared.lock();
-        (st.threads, st.idle)
-    }
-}
-
-impl Workers {
     /// For `GET /v1/status`: threads live and idle, and started since the daemon began (a cold start
     /// that starts about as many threads as it has misses is not reusing them).
     pub fn status(&self) -> serde_json::Value {
         let (threads, idle) = self.threads();
         serde_json::json!({"threads": threads, "idle": idle, "started": self.started()})
+    }
+
+    /// Live threads and idle ones.
+    pub fn threads(&self) -> (usize, usize) {
+        let st = self.shared.lock();
+        (st.threads, st.idle)
     }
 }
 
