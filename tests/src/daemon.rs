@@ -264,6 +264,19 @@ pub fn test_mount_mode() -> Option<String> {
         .filter(|m| !m.is_empty())
 }
 
+/// What a node holds of fetched data, from `GET /v1/status`: `(chunks, bytes)` in the chunk cache plus
+/// (`fanotify` mode, where the view files are the blobs' cache) the chunks filled in view files and
+/// the disk space the view files take. A server that starts on an earlier one's view files counts
+/// their chunks only as it checks them, but their bytes at once.
+pub fn held(status: &serde_json::Value) -> (u64, u64) {
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    let (cache, views) = (&status["cache"], &status["fanotify"]);
+    (
+        n(&cache["chunks"]) + n(&views["kept_chunks"]),
+        n(&cache["used"]) + n(&views["disk_bytes"]),
+    )
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         let left = self.stop();

@@ -9,10 +9,14 @@
 //! the event: cached bytes are read by the kernel from the local file, with no copy through this
 //! process, and once read they sit in EROFS's page cache and cause no event at all.
 //!
-//! A reader whose misses follow one another (a sequential read) gets the next chunks filled after its
-//! own range is answered — only chunks the miss's fetch brought besides its own (the fetcher's
-//! followers, in the chunk cache or on their way): reading ahead fetches nothing more; and a view file whose every chunk is
-//! filled is no longer watched, so its reads cost no event at all — the kernel's speed.
+//! **The view files are the cache.** Each view file is its blob's *home* ([`crate::fetch::ChunkHome`]):
+//! the fetcher writes every chunk of the blob it verifies — the reader's own, the followers a miss
+//! brings in the background, a plan's prefetch — straight into the view file, not into the chunk
+//! cache. A fetched chunk is written to disk once, read back by nobody but the kernel, and held on disk
+//! once. A reader whose misses follow one another (a sequential read) also gets chunks another mode
+//! left in the chunk cache filled after its own range is answered (nothing is fetched for that); and a
+//! view file whose every chunk is filled is no longer watched, so its reads cost no event at all — the
+//! kernel's speed.
 //!
 //! **No read sees a hole.** An event is allowed only after every chunk it covers was written and
 //! verified; a fetch that fails or misses the read deadline denies the read with `EIO`. The server's
@@ -262,6 +266,8 @@ impl Server {
             "adopted": n(&self.stats.adopted),
             "unrecorded": n(&self.journal.unrecorded),
             "views": self.views.len(),
+            "kept_chunks": self.views.all().iter().map(|v| v.kept()).sum::<usize>(),
+            "disk_bytes": self.views.disk_bytes(),
         })
     }
 
@@ -433,8 +439,8 @@ impl Context {
         drop(job.fd);
         if sequential && answer == Answer::Allow {
             // After the answer: the reader goes on while this thread fills what it reads next —
-            // only chunks the miss's fetch brought besides its own (in the chunk cache or on their
-            // way): reading ahead fetches nothing more. Not for scattered misses: filling their
+            // only chunks the chunk cache holds (the miss's followers write themselves here as
+            // they land): reading ahead fetches nothing more. Not for scattered misses: filling their
             // neighbours as well cut the cold import's misses from 454 to 291 but not its time
             // (1.25 s against 1.30 s, runs vary by ±0.15 s), for more disk writes and CPU. A
             // failure is the next read's to report.

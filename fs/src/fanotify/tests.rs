@@ -376,3 +376,47 @@ fn trimming_deletes_only_view_files_no_mounted_layer_uses() {
     );
     s.stop();
 }
+
+#[test]
+fn a_view_file_is_its_blobs_only_cache() {
+    let Some(Served {
+        _dir,
+        kit,
+        s,
+        path,
+        want,
+        blob,
+        h,
+        ..
+    }) = served()
+    else {
+        return;
+    };
+    assert!(cat(&path).stdout == want);
+    let view = s.views.get(&blob).expect("view");
+    assert!(view.complete());
+    // Every chunk went from the fetch into the view file; the chunk cache holds none of them.
+    for c in &h.toc.chunks {
+        assert!(!kit.fetcher.cache().contains(&c.digest), "cached twice");
+    }
+    // The fetcher serves a kept chunk from the view file (what another mode's reader of the same
+    // blob gets), byte for byte.
+    let c = h.toc.chunks[2];
+    let kept = kit.fetcher.cached(&h, 2).expect("cached").expect("kept");
+    assert!(matches!(kept, crate::fetch::ChunkBytes::Home(..)));
+    let mut buf = vec![0u8; 1000];
+    kept.read_at(&mut buf, 5).expect("read from the view file");
+    let at = c.block as usize * BLOCK_SIZE as usize + 5;
+    assert!(buf == want[at..at + 1000]);
+    assert!(
+        kept.read_at(&mut buf, u64::from(c.len)).is_err(),
+        "past its end"
+    );
+    // A trimmed view file is no longer a home: a fetch of its blob goes to the chunk cache again.
+    assert_eq!(s.trim(&Default::default(), 0).0, 1);
+    drop((view, kept));
+    assert!(h.home().is_none());
+    kit.fetcher.chunk(&h, 0).expect("fetched again");
+    assert!(kit.fetcher.cache().contains(&h.toc.chunks[0].digest));
+    s.stop();
+}

@@ -7,6 +7,11 @@
 //! copy in memory is the one EROFS keeps of what sandboxes read (EROFS mounts these files with its
 //! `directio` option).
 //!
+//! **The blob's home.** A view file is where the fetcher puts the blob's chunks (`fetch::home`): each
+//! chunk it verifies is written here ([`ChunkHome::take`]) instead of into the chunk cache, so a miss
+//! costs one disk write and the node holds the bytes once. The fetcher's other readers of the blob (a
+//! layer of the same blob in another mode) read kept chunks back from here ([`ChunkHome::read_at`]).
+//!
 //! **Which chunks are there.** Each file has a bitmap of chunks known to be filled. It is in memory
 //! only: a server that starts on files an earlier one filled knows nothing, and finds out chunk by
 //! chunk on first use — it reads the chunk from the file and takes it if its BLAKE3 is the chunk's
@@ -35,7 +40,7 @@ use strata_registry::store::direct;
 use strata_registry::toc::BLOCK_SIZE;
 
 use crate::attribution::with_reader;
-use crate::fetch::{BlobHandle, FetchError, Fetcher};
+use crate::fetch::{BlobHandle, ChunkHome, FetchError, Fetcher};
 use crate::metadir::{trim_lru, Candidate};
 
 /// Chunk states in a view file's bitmap.
@@ -151,6 +156,9 @@ impl Views {
         });
         let mut by_blob = self.by_blob.write().unwrap_or_else(|p| p.into_inner());
         let v = by_blob.entry(d).or_insert(v).clone();
+        // The fetcher writes this blob's chunks here, not into the chunk cache (`fetch::home`).
+        let home: std::sync::Weak<ViewFile> = Arc::downgrade(&v);
+        blob.set_home(home);
         self.by_inode
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -171,6 +179,18 @@ impl Views {
     pub fn all(&self) -> Vec<Arc<ViewFile>> {
         let t = self.by_blob.read().unwrap_or_else(|p| p.into_inner());
         t.values().cloned().collect()
+    }
+
+    /// Disk space the view files take (the allocated blocks of every file in the directory, open or
+    /// left by an earlier server).
+    pub fn disk_bytes(&self) -> u64 {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        dir.flatten()
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.blocks() * 512)
+            .sum()
     }
 
     pub fn get(&self, d: &Digest) -> Option<Arc<ViewFile>> {
@@ -339,21 +359,33 @@ impl ViewFile {
             false => with_reader(pid, || fetcher.chunk(&self.blob, i))?,
         };
         fetcher.read_ahead(&self.blob, i);
+        if self.chunks[i].load(Ordering::Acquire) == FILLED {
+            // The fetch wrote it here itself (this file is the blob's home).
+            return Ok(true);
+        }
         let c = self.blob.toc.chunks[i];
         let (mut buf, at) = aligned(c.blocks() * BLOCK_SIZE);
         bytes.read_at(&mut buf[at..at + c.len as usize], 0)?;
-        let (whole, pos) = (c.blocks() * BLOCK_SIZE, c.block as u64 * BLOCK_SIZE);
-        self.own(pos, whole, || {
-            self.write_all(&buf[at..at + whole as usize], pos)
-        })?;
+        self.write_chunk(i, &buf[at..at + (c.blocks() * BLOCK_SIZE) as usize])?;
         self.set_filled(i);
         Ok(true)
+    }
+
+    /// Writes chunk `i`'s whole blocks (`blocks`: its bytes then zeros, from an aligned buffer).
+    fn write_chunk(&self, i: usize, blocks: &[u8]) -> Result<(), FillError> {
+        let pos = self.blob.toc.chunks[i].block as u64 * BLOCK_SIZE;
+        self.own(pos, blocks.len() as u64, || self.write_all(blocks, pos))
     }
 
     fn set_filled(&self, i: usize) {
         if self.chunks[i].swap(FILLED, Ordering::AcqRel) != FILLED {
             self.filled.fetch_add(1, Ordering::AcqRel);
         }
+    }
+
+    /// Chunks known to be filled.
+    pub fn kept(&self) -> usize {
+        self.filled.load(Ordering::Acquire)
     }
 
     /// Whether every chunk of the blob is filled (the file needs no more events).
@@ -415,7 +447,9 @@ impl ViewFile {
             })?;
         let ok = Digest::of(&buf[at..at + c.len as usize]) == c.digest;
         if !ok {
-            self.chunks[i].store(HOLE, Ordering::Release);
+            // Unless a fetch filled it meanwhile (a torn view of its write failed the check).
+            let _ =
+                self.chunks[i].compare_exchange(UNKNOWN, HOLE, Ordering::AcqRel, Ordering::Acquire);
         }
         Ok(ok)
     }
@@ -442,6 +476,59 @@ impl ViewFile {
                 }
             }
         }
+        Ok(())
+    }
+}
+
+/// The fetcher hands this blob's verified chunks straight to its view file (see `fetch::home`):
+/// written with direct I/O, then marked filled, and readers waiting to fill the chunk are woken.
+impl ChunkHome for ViewFile {
+    fn take(&self, j: usize, bytes: &[u8]) -> bool {
+        let Some(c) = self.blob.toc.chunks.get(j) else {
+            return false;
+        };
+        if self.chunks[j].load(Ordering::Acquire) == FILLED {
+            return true;
+        }
+        if bytes.len() != c.len as usize {
+            return false;
+        }
+        let (mut buf, at) = aligned(c.blocks() * BLOCK_SIZE);
+        buf[at..at + bytes.len()].copy_from_slice(bytes);
+        let whole = (c.blocks() * BLOCK_SIZE) as usize;
+        if let Err(e) = self.write_chunk(j, &buf[at..at + whole]) {
+            tracing::warn!(blob = %self.blob.blob.digest, chunk = j, error = %e,
+                "a fetched chunk could not be written to its view file; cached instead");
+            return false;
+        }
+        self.set_filled(j);
+        // Under the lock `claim` checks the state with, so that no waiter misses the news.
+        let _filling = self.filling.lock().unwrap_or_else(|p| p.into_inner());
+        self.filled_cv.notify_all();
+        true
+    }
+
+    fn has(&self, j: usize) -> bool {
+        self.chunks
+            .get(j)
+            .is_some_and(|c| c.load(Ordering::Acquire) == FILLED)
+    }
+
+    fn read_at(&self, j: usize, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let c = self
+            .blob
+            .toc
+            .chunks
+            .get(j)
+            .ok_or(io::ErrorKind::InvalidInput)?;
+        if offset.saturating_add(buf.len() as u64) > u64::from(c.len) {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        let at = c.block as u64 * BLOCK_SIZE + offset;
+        let (data, start) = self.own(at, buf.len() as u64, || {
+            direct::read(&self.file, at, buf.len())
+        })?;
+        buf.copy_from_slice(&data[start..start + buf.len()]);
         Ok(())
     }
 }

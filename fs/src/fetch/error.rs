@@ -35,6 +35,12 @@ pub enum FetchError {
     NotServed { blob: Digest },
     #[error(transparent)]
     Cache(Arc<CacheError>),
+    #[error("chunk {index}: reading it from its blob's view file: {source}")]
+    Home {
+        index: usize,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
 }
 
 impl FetchError {
@@ -48,7 +54,7 @@ impl FetchError {
             | FetchError::ShortAnswer { .. }
             | FetchError::NothingFetched { .. }
             | FetchError::NotServed { .. } => "invalid",
-            FetchError::Cache(_) => "cache",
+            FetchError::Cache(_) | FetchError::Home { .. } => "cache",
         }
     }
 }

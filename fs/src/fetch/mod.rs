@@ -36,8 +36,10 @@ use strata_registry::store::{key, Store, StoreError};
 use strata_registry::toc::{decompress, verified_chunk, FrameError, Toc};
 
 mod error;
+mod home;
 
 pub use error::FetchError;
+pub use home::ChunkHome;
 
 use crate::cache::{CacheError, ChunkCache, Verified};
 use crate::groups::Groups;
@@ -53,6 +55,8 @@ pub struct BlobHandle {
     last: AtomicUsize,
     /// The first chunk not yet read ahead.
     ahead: AtomicUsize,
+    /// Where fetched chunks go instead of the chunk cache ([`home`]).
+    home: std::sync::RwLock<Option<std::sync::Weak<dyn ChunkHome>>>,
 }
 
 impl BlobHandle {
@@ -69,6 +73,7 @@ impl BlobHandle {
             key: key::blob(&blob.digest),
             last: AtomicUsize::new(usize::MAX),
             ahead: AtomicUsize::new(0),
+            home: std::sync::RwLock::new(None),
         }
     }
 }
@@ -79,6 +84,8 @@ pub enum ChunkBytes {
     Cached(Verified),
     /// Fetched but not (or no longer) in the cache, e.g. a cache smaller than a chunk.
     Memory(Arc<Vec<u8>>),
+    /// Chunk `.1` kept by its blob's home ([`ChunkHome`]), not in the cache.
+    Home(Arc<dyn ChunkHome>, usize),
 }
 
 impl ChunkBytes {
@@ -104,6 +111,10 @@ impl ChunkBytes {
                 buf.copy_from_slice(src);
                 Ok(())
             }
+            ChunkBytes::Home(h, j) => h.read_at(*j, buf, offset).map_err(|e| FetchError::Home {
+                index: *j,
+                source: Arc::new(e),
+            }),
         }
     }
 }
@@ -226,6 +237,7 @@ impl Fetcher {
         chunks: &[usize],
     ) -> Result<(u64, u64), FetchError> {
         let toc = &blob.toc;
+        let present = self.present(blob);
         let mut runs: Vec<(Vec<usize>, Vec<Arc<Flight>>)> = Vec::new();
         {
             let mut inflight = self.lock();
@@ -234,7 +246,7 @@ impl Fetcher {
                 let Some(c) = toc.chunks.get(j) else {
                     continue;
                 };
-                if inflight.contains_key(&c.digest) || self.cache.contains(&c.digest) {
+                if inflight.contains_key(&c.digest) || present(j) {
                     prev = None;
                     continue;
                 }
@@ -278,6 +290,20 @@ impl Fetcher {
         &self.cache
     }
 
+    /// Whether chunk `j` of `blob` needs no fetch: kept by the blob's home or in the cache (a test
+    /// made once per run of chunks: the home is looked up here, not per chunk).
+    fn present<'a>(&'a self, blob: &'a BlobHandle) -> impl Fn(usize) -> bool + 'a {
+        let home = blob.home();
+        move |j| {
+            home.as_ref().is_some_and(|h| h.has(j))
+                || blob
+                    .toc
+                    .chunks
+                    .get(j)
+                    .is_some_and(|c| self.cache.contains(&c.digest))
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Arc<Flight>>> {
         self.inflight.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -309,6 +335,9 @@ impl Fetcher {
             blob: blob.blob.digest,
             index: i,
         })?;
+        if let Some(h) = blob.home().filter(|h| h.has(i)) {
+            return Ok(Some(ChunkBytes::Home(h, i)));
+        }
         Ok(self.cache.get(&c.digest).map(|p| {
             self.metrics.cache_hit(&blob.blob.digest);
             ChunkBytes::Cached(p)
@@ -345,9 +374,8 @@ impl Fetcher {
         })?;
         let start = Instant::now();
         loop {
-            if let Some(p) = self.cache.get(&c.digest) {
-                self.metrics.cache_hit(&blob.blob.digest);
-                return Ok(ChunkBytes::Cached(p));
+            if let Some(b) = self.cached(blob, i)? {
+                return Ok(b);
             }
             let waiting = self.lock().get(&c.digest).cloned();
             match waiting {
@@ -393,6 +421,7 @@ impl Fetcher {
         let toc = &blob.toc;
         let span: u64;
         let unplanned = !self.is_planned(&blob.blob.digest);
+        let present = self.present(blob);
         let (claimed, flights, behind, behind_flights) = {
             let mut inflight = self.lock();
             if inflight.contains_key(&toc.chunks[i].digest) {
@@ -413,7 +442,7 @@ impl Fetcher {
                     && (f > last_frame + 1
                         || end - base > max_span
                         || inflight.contains_key(&c.digest)
-                        || self.cache.contains(&c.digest))
+                        || present(j))
                 {
                     // A group frame's later chunks come with the frame anyway.
                     if f != last_frame {
@@ -430,7 +459,7 @@ impl Fetcher {
             // A planned blob fetches nothing around its misses (`max_span` 0 above).
             let behind = match max_span == 0 || self.max_behind == 0 {
                 true => Vec::new(),
-                false => self.behind(toc, i, &inflight),
+                false => self.behind(toc, i, &inflight, &present),
             };
             let flights = claim(&mut inflight, toc, &claimed);
             let behind_flights = claim(&mut inflight, toc, &behind);
@@ -454,10 +483,9 @@ impl Fetcher {
         // The rest of the miss's directory (a planned blob's plan knows better), charged with it.
         let mut charged = span;
         if self.max_group > 0 && unplanned {
-            let cached = |d: &Digest| self.cache.contains(d);
             let (group, bytes) = self
                 .groups
-                .missing(blob, i, &claimed, cached, self.max_group);
+                .missing(blob, i, &claimed, &present, self.max_group);
             if !group.is_empty() {
                 charged += bytes;
                 let (me, b) = (self.clone(), blob.clone());
@@ -496,7 +524,13 @@ impl Fetcher {
 
     /// The missing chunks right before chunk `i` (the run of them whose frames lie within
     /// `max_behind` compressed bytes before chunk `i`'s frame, not cached or claimed), ascending.
-    fn behind(&self, toc: &Toc, i: usize, inflight: &HashMap<Digest, Arc<Flight>>) -> Vec<usize> {
+    fn behind(
+        &self,
+        toc: &Toc,
+        i: usize,
+        inflight: &HashMap<Digest, Arc<Flight>>,
+        present: impl Fn(usize) -> bool,
+    ) -> Vec<usize> {
         let own = toc.chunks[i].frame as usize;
         let base = toc.frames[own].offset;
         let mut out = Vec::new();
@@ -508,7 +542,7 @@ impl Fetcher {
             }
             if base - toc.frames[f].offset > self.max_behind
                 || inflight.contains_key(&c.digest)
-                || self.cache.contains(&c.digest)
+                || present(j)
             {
                 break;
             }
@@ -694,6 +728,7 @@ impl Fetcher {
         start: u64,
     ) -> Vec<ChunkResult> {
         let toc = &blob.toc;
+        let home = blob.home();
         let mut frames: HashMap<usize, Result<Vec<u8>, FrameError>> = HashMap::new();
         let mut out = Vec::with_capacity(claimed.len());
         let raw = |f: usize| {
@@ -717,9 +752,14 @@ impl Fetcher {
             };
             match chunk {
                 Some(b) => {
-                    // A cache that cannot take the chunk (a full disk) costs a later refetch, not
-                    // this read: the bytes are verified and at hand.
-                    if let Err(e) = self.cache.insert(&c.digest, &b) {
+                    // Its home takes it if it can, else the cache. A cache that cannot take the
+                    // chunk (a full disk) costs a later refetch, not this read: the bytes are
+                    // verified and at hand.
+                    let homed = home.as_ref().is_some_and(|h| h.take(j, &b));
+                    if let Err(e) = (!homed)
+                        .then(|| self.cache.insert(&c.digest, &b))
+                        .transpose()
+                    {
                         self.metrics.error("cache");
                         tracing::warn!(error = %e, "chunk not cached; served from memory");
                     }
