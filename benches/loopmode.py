@@ -10,6 +10,8 @@ alternating the setups in every round:
          dropped (metadata only: every lookup and readdir from the layer's local metadata)
 
 usage: sudo benches/loopmode.py prepare | run ROUNDS
+SETUPS=file,fanotify,kernel measures only those setups (default: all); a setup MODE@PATH runs that mode
+from the stratad at PATH (e.g. SETUPS=fanotify@/tmp/stratad-old,fanotify compares two builds).
 Data in $BENCH_DATA (default /var/tmp/strata-bench-loop); release binaries from $CARGO_TARGET_DIR (or
 $STRATA and $STRATAD).
 """
@@ -129,13 +131,22 @@ def main():
         return prepare()
     if len(sys.argv) != 3 or sys.argv[1] != "run":
         sys.exit(__doc__)
+    only = [n for n in os.environ.get("SETUPS", "").split(",") if n]
+    binaries = {}
+    for n in [n for n in only if "@" in n]:
+        # MODE@STRATAD: that mode from another stratad binary (an A/B of two builds in one run).
+        mode, binaries[n] = n.split("@", 1)
+        SETUPS[n] = ["--mount-mode", mode]
+    for n in [n for n in SETUPS if only and n not in only]:
+        del SETUPS[n]
     res = {name: {} for name in SETUPS}
     for r in range(int(sys.argv[2])):
         order = list(SETUPS) if r % 2 == 0 else list(SETUPS)[::-1]
         for name in order:
             for bench in (seq, find):
                 args = SETUPS[name]
-                d = Kernel() if args is None else stratad.Daemon(STORE, args=args, quiet=True)
+                d = Kernel() if args is None else stratad.Daemon(STORE, args=args, quiet=True,
+                                                                 binary=binaries.get(name))
                 try:
                     assert args is None or d.call("GET", "/v1/status")["mount_mode"] == args[1]
                     got = bench(d)

@@ -33,10 +33,11 @@ use std::time::{Duration, Instant};
 use strata_registry::digest::Digest;
 use strata_registry::model::BlobRef;
 use strata_registry::store::{key, Store, StoreError};
-use strata_registry::toc::{decompress, verified_chunk, FrameError, Toc};
+use strata_registry::toc::Toc;
 
 mod error;
 mod home;
+mod land;
 
 pub use error::FetchError;
 pub use home::ChunkHome;
@@ -716,62 +717,6 @@ impl Fetcher {
             }
         }
         Ok(out)
-    }
-
-    /// Decompresses the frames of `claimed` chunks out of `bytes` (the object from offset `start`),
-    /// checks each chunk against its digest and caches the good ones.
-    fn checked(
-        &self,
-        blob: &BlobHandle,
-        claimed: &[usize],
-        bytes: &[u8],
-        start: u64,
-    ) -> Vec<ChunkResult> {
-        let toc = &blob.toc;
-        let home = blob.home();
-        let mut frames: HashMap<usize, Result<Vec<u8>, FrameError>> = HashMap::new();
-        let mut out = Vec::with_capacity(claimed.len());
-        let raw = |f: usize| {
-            let fr = &toc.frames[f];
-            let lo = (fr.offset - start) as usize;
-            let raw = bytes.get(lo..lo + fr.compressed as usize).unwrap_or(&[]);
-            decompress(raw, fr.uncompressed as usize)
-        };
-        for &j in claimed {
-            let c = &toc.chunks[j];
-            let f = c.frame as usize;
-            let chunk = if c.frame_offset == 0 && c.len == toc.frames[f].uncompressed {
-                // A frame of this chunk alone (every chunk but tiny ones): its decompressed bytes
-                // are the chunk's, kept as they are rather than copied out of the frame.
-                raw(f).ok().filter(|b| c.digest.matches(b))
-            } else {
-                match frames.entry(f).or_insert_with(|| raw(f)) {
-                    Ok(fb) => verified_chunk(c, fb).map(|b| b.to_vec()).ok(),
-                    Err(_) => None,
-                }
-            };
-            match chunk {
-                Some(b) => {
-                    // Its home takes it if it can, else the cache. A cache that cannot take the
-                    // chunk (a full disk) costs a later refetch, not this read: the bytes are
-                    // verified and at hand.
-                    let homed = home.as_ref().is_some_and(|h| h.take(j, &b));
-                    if let Err(e) = (!homed)
-                        .then(|| self.cache.insert(&c.digest, &b))
-                        .transpose()
-                    {
-                        self.metrics.error("cache");
-                        tracing::warn!(error = %e, "chunk not cached; served from memory");
-                    }
-                    out.push(Ok(Arc::new(b)));
-                }
-                None => out.push(Err(FetchError::Corrupt {
-                    blob: blob.blob.digest,
-                    chunk: c.digest,
-                })),
-            }
-        }
-        out
     }
 }
 
