@@ -477,6 +477,11 @@ fn view_files_of_released_layers_are_trimmed_never_a_mounted_layers() {
     assert!(read(&rb, "b.bin").expect("read b again") == b);
     let ra = d.ok(&["mount", "va:v1", "--sandbox", "a2"]);
     assert!(read(&ra, "a.bin").expect("read a again") == a, "refilled");
+    // The data at rest checks out: both files' filled chunks read back with their digests.
+    let scrub = json(&d.ok(&["daemon", "scrub", "--json"]));
+    assert_eq!(scrub["files"].as_u64(), Some(2), "{scrub}");
+    assert_eq!(scrub["bad"].as_u64(), Some(0), "{scrub}");
+    assert!(scrub["bytes"].as_u64().unwrap_or(0) >= 4 << 20, "{scrub}");
 }
 
 #[test]

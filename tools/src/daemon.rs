@@ -98,6 +98,10 @@ struct Args {
     /// and store them as its plan (needs write access to the store) [default: 0, off].
     #[arg(long, value_name = "SECS")]
     record_plans: Option<f64>,
+    /// In fanotify mode, check every view file's data at rest this often, in seconds; 0: never
+    /// [default: 86400].
+    #[arg(long, value_name = "SECS")]
+    scrub_interval: Option<f64>,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -184,6 +188,9 @@ fn load(args: &Args) -> Result<Config> {
     }
     if args.group.is_some() {
         c.group = args.group;
+    }
+    if let Some(t) = args.scrub_interval {
+        c.scrub_interval_secs = t;
     }
     if let Some(t) = args.record_plans {
         c.record_plans_secs = t;

@@ -147,6 +147,7 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
             }
             json_reply((200, v))
         }
+        ("POST", ["v1", "scrub"]) => json_reply((200, d.scrub())),
         ("POST", ["v1", "upgrade"]) => json_reply(match &hooks.upgrade {
             None => (
                 409,

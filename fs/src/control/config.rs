@@ -60,6 +60,9 @@ pub struct Config {
     pub mount_mode: ModeRequest,
     /// In `loop` mode, bind loop devices with direct I/O (see [`crate::control::loops::Loops::new`]).
     pub loop_direct_io: bool,
+    /// In `fanotify` mode, check every view file's data at rest this often, in seconds (0: never; see
+    /// `Daemon::scrub`).
+    pub scrub_interval_secs: f64,
 }
 
 impl Default for Config {
@@ -83,6 +86,7 @@ impl Default for Config {
             record_plans_secs: 0.0,
             mount_mode: ModeRequest::Auto,
             loop_direct_io: true,
+            scrub_interval_secs: 86_400.0,
         }
     }
 }

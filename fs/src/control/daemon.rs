@@ -384,6 +384,7 @@ impl Daemon {
         d.adopt_trees();
         d.remount_held_layers();
         d.start_flushing();
+        d.start_scrubbing();
         Ok(d)
     }
 

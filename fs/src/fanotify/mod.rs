@@ -256,6 +256,27 @@ impl Server {
         }
     }
 
+    /// Checks the data at rest of every open view file ([`ViewFile::scrub`]). A file with a bad
+    /// chunk that was no longer watched (complete) is watched again, so the chunk's next read refills
+    /// it. Returns the files and what was checked.
+    pub fn scrub(&self) -> (usize, views::Scrubbed) {
+        let files = self.views.all();
+        let mut sum = views::Scrubbed::default();
+        for v in &files {
+            let s = v.scrub();
+            if s.bad > 0 && v.unmarked.swap(false, Ordering::AcqRel) {
+                if let Err(e) = self.group.mark(&v.path) {
+                    tracing::error!(path = %v.path.display(), error = %e,
+                        "scrub: cannot watch a view file with a bad chunk again: its reads are not refilled");
+                }
+            }
+            sum.chunks += s.chunks;
+            sum.bytes += s.bytes;
+            sum.bad += s.bad;
+        }
+        (files.len(), sum)
+    }
+
     /// Counters and the journal's state, for `GET /v1/status`.
     pub fn status(&self) -> serde_json::Value {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);

@@ -420,3 +420,50 @@ fn a_view_file_is_its_blobs_only_cache() {
     assert!(kit.fetcher.cache().contains(&h.toc.chunks[0].digest));
     s.stop();
 }
+
+#[test]
+fn a_scrub_finds_a_chunk_gone_bad_at_rest_and_its_next_read_refills_it() {
+    let Some(Served {
+        _dir,
+        kit,
+        s,
+        path,
+        key,
+        want,
+        blob,
+        h,
+        ..
+    }) = served()
+    else {
+        return;
+    };
+    assert!(cat(&path).stdout == want);
+    let clean = s.scrub();
+    assert_eq!((clean.0, clean.1.chunks, clean.1.bad), (1, 3, 0));
+    assert_eq!(
+        clean.1.bytes,
+        h.toc.chunks.iter().map(|c| u64::from(c.len)).sum::<u64>()
+    );
+    // A bit flips in the second chunk, on disk.
+    let c = h.toc.chunks[1];
+    let at = c.block as u64 * BLOCK_SIZE + 100;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open view file");
+    std::os::unix::fs::FileExt::write_at(&f, &[want[at as usize] ^ 1], at).expect("flip");
+    drop(f);
+    let view = s.views.get(&blob).expect("view");
+    let (_, found) = s.scrub();
+    assert_eq!((found.chunks, found.bad), (3, 1));
+    assert!(
+        !view.complete() && !view.unmarked.load(Ordering::Acquire),
+        "watched again"
+    );
+    // The next read fetches the chunk again: the reader gets the right bytes.
+    let fetched = kit.faults.reads(&key);
+    assert!(cat(&path).stdout == want);
+    assert!(kit.faults.reads(&key) > fetched, "refetched");
+    assert_eq!(s.scrub().1.bad, 0);
+    s.stop();
+}
