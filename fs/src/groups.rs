@@ -42,9 +42,25 @@ struct BlobGroups {
 #[derive(Default)]
 pub struct Groups {
     blobs: RwLock<HashMap<Digest, BlobGroups>>,
+    /// Blobs some walked layer names (whether or not they hold any group): a layer naming only these
+    /// needs no walk ([`Groups::all_walked`]).
+    walked: RwLock<std::collections::HashSet<Digest>>,
 }
 
 impl Groups {
+    /// Whether every one of `blobs` was named by a layer walked already: walking another layer would
+    /// record nothing new (blobs already recorded are left as they are).
+    pub fn all_walked(&self, blobs: &[Digest]) -> bool {
+        let w = self.walked.read().unwrap_or_else(|p| p.into_inner());
+        blobs.iter().all(|d| w.contains(d))
+    }
+
+    /// Records that a layer naming `blobs` was walked.
+    pub fn mark_walked(&self, blobs: &[Digest]) {
+        let mut w = self.walked.write().unwrap_or_else(|p| p.into_inner());
+        w.extend(blobs.iter().copied());
+    }
+
     /// Records the directory groups of a layer's image; `blob_of(device)` is the served blob behind a
     /// 1-based device id. Blobs already recorded (by another layer naming them) are left as they are.
     pub fn add_layer(
@@ -201,5 +217,18 @@ mod tests {
             g.missing(&blob, 3, &[3], cached, 2 * frame + 100).0,
             vec![0, 5]
         );
+    }
+
+    #[test]
+    fn a_layer_naming_only_walked_blobs_needs_no_walk() {
+        let g = Groups::default();
+        let (a, b) = (Digest::of(b"a"), Digest::of(b"b"));
+        assert!(g.all_walked(&[]), "a layer without blobs");
+        assert!(!g.all_walked(&[a]));
+        g.mark_walked(&[a]);
+        assert!(g.all_walked(&[a]));
+        assert!(!g.all_walked(&[a, b]), "a new blob is walked");
+        g.mark_walked(&[b]);
+        assert!(g.all_walked(&[b, a]));
     }
 }

@@ -188,11 +188,18 @@ impl Daemon {
                     .iter()
                     .map(|s| s.tag_hex().and_then(|h| Digest::from_hex(h).ok()))
                     .collect();
+                let named: Vec<Digest> = devices.iter().flatten().copied().collect();
+                // Mounted again, or naming only blobs walked layers named: nothing new to learn.
+                if fetcher.groups().all_walked(&named) {
+                    return Ok(());
+                }
                 let blob_of = |dev: u16| {
                     let slot = usize::from(dev).checked_sub(1)?;
                     table.handle(&devices.get(slot).copied().flatten()?)
                 };
-                fetcher.groups().add_layer(&image, blob_of)
+                fetcher.groups().add_layer(&image, blob_of)?;
+                fetcher.groups().mark_walked(&named);
+                Ok(())
             });
             if let Err(e) = walked {
                 tracing::warn!(meta = %meta.display(), error = %e, "no directory groups");
