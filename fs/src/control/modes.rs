@@ -8,8 +8,10 @@
 //! | `fanotify` | file-backed EROFS, fanotify pre-content events (6.14+) | EROFS mounted on its metadata file, one `device=` per blob's local view file, filled on the kernel's pre-content events ([`crate::fanotify`]) |
 //!
 //! `auto` (the default) probes at start what this kernel can do and takes the first of `file`, `loop`,
-//! `fuse` that works (`fanotify` only when asked for, until it has run in the field); the report says, for each better mode, why not (the missing kernel option or the
-//! errno a call answered). The probe is real and takes milliseconds: it writes a one-block EROFS image
+//! `fuse` that works (`fanotify` only when asked for: its cached reads are the kernel's speed, but a
+//! never-seen image starts 10–18 % slower than in `file` mode and a full view-file disk fails reads —
+//! BENCHMARKS.md, seventh session); the report says, for each better mode, why not (the missing
+//! kernel option or the errno a call answered). The probe is real and takes milliseconds: it writes a one-block EROFS image
 //! with one device slot ([`probe_image`]) to the state directory, mounts it file-backed with itself as
 //! its device, then on two loop devices of itself as source and device — each mount made and dropped
 //! without being attached anywhere — and checks `/dev/fuse`, `/proc/filesystems` and
