@@ -35,7 +35,7 @@ use strata_registry::toc::BLOCK_SIZE;
 use crate::attribution::with_reader;
 use crate::fetch::{BlobHandle, FetchError, Fetcher};
 use crate::fuse::proto::{self, Attr};
-use crate::fuse::session::{Filesystem, Reply};
+use crate::fuse::session::{Entries, Filesystem, Reply};
 use crate::metafile::{meta_ino, MetaTable};
 use crate::metrics::Metrics;
 use crate::slowread::{SlowError, SlowReads};
@@ -403,13 +403,13 @@ impl Filesystem for BlobFs {
         );
     }
 
-    fn readdir(&self, ino: u64) -> Result<Vec<(u64, u32, Vec<u8>)>, Errno> {
-        match ino {
-            ROOT => Ok(vec![
+    fn readdir(&self, ino: u64) -> Result<Arc<Entries>, Errno> {
+        Ok(Arc::new(match ino {
+            ROOT => vec![
                 (BLOBS_DIR, proto::DT_DIR, b"blobs".to_vec()),
                 (META_DIR, proto::DT_DIR, b"meta".to_vec()),
-            ]),
-            META_DIR => Ok(self
+            ],
+            META_DIR => self
                 .view
                 .table
                 .metas
@@ -422,8 +422,8 @@ impl Filesystem for BlobFs {
                         m.layer.hex().into_bytes(),
                     )
                 })
-                .collect()),
-            BLOBS_DIR => Ok(self
+                .collect(),
+            BLOBS_DIR => self
                 .view
                 .table
                 .all()
@@ -432,9 +432,9 @@ impl Filesystem for BlobFs {
                     let d = &b.blob.digest;
                     (blob_ino(d), proto::DT_REG, d.hex().into_bytes())
                 })
-                .collect()),
-            _ => Err(Errno::NOTDIR),
-        }
+                .collect(),
+            _ => return Err(Errno::NOTDIR),
+        }))
     }
 }
 

@@ -344,3 +344,93 @@ fn a_listed_directory_costs_no_lookups_and_a_layer_without_xattrs_no_xattr_reque
     // Reads are unchanged.
     assert_eq!(std::fs::read(&link).expect("read"), b"file 7\n");
 }
+
+/// A directory of 3,000 files and 1,100 directories of one file each (more than the tree server keeps
+/// decoded: its directory cache is emptied on the way).
+fn wide_image(path: &Path) {
+    let mut t = Tree::new();
+    let file = |body: String| NodeKind::File {
+        size: body.len() as u64,
+        data: FileData::Inline(body.into_bytes()),
+    };
+    t.insert(b"", meta(0o755), NodeKind::Dir(Default::default()))
+        .expect("root");
+    for d in ["big", "t"] {
+        t.insert(d.as_bytes(), meta(0o755), NodeKind::Dir(Default::default()))
+            .expect("dir");
+    }
+    for i in 0..3000 {
+        t.insert(
+            format!("big/f{i:05}").as_bytes(),
+            meta(0o644),
+            file(format!("{i}\n")),
+        )
+        .expect("file");
+    }
+    for i in 0..1100 {
+        t.insert(
+            format!("t/d{i:04}").as_bytes(),
+            meta(0o755),
+            NodeKind::Dir(Default::default()),
+        )
+        .expect("dir");
+        t.insert(
+            format!("t/d{i:04}/x").as_bytes(),
+            meta(0o644),
+            file(format!("x{i}\n")),
+        )
+        .expect("file");
+    }
+    let img = write_image(&t, &[], 20, &|_| None).expect("write image");
+    std::fs::write(path, img).expect("write image file");
+}
+
+#[test]
+fn wide_directories_list_and_look_up_right_past_the_directory_cache() {
+    if !have(&[Need::Fuse]) {
+        return;
+    }
+    let work = scratch("treefs-wide");
+    let store = StoreEnv::local(&work.path().join("store"));
+    let node = Node::new(&store, &work.path().join("cache"));
+    let img = work.path().join("wide.erofs");
+    wide_image(&img);
+    let m = node.mount(&img, &work.path().join("wide"));
+    let list = |p: &Path| {
+        let mut n: Vec<String> = std::fs::read_dir(p)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    };
+    let big = m.path().join("big");
+    let want: Vec<String> = (0..3000).map(|i| format!("f{i:05}")).collect();
+    // Many READDIRPLUS requests for one listing, each served from the one decoded directory.
+    assert_eq!(list(&big), want);
+    let read_all = || {
+        for i in (0..3000).step_by(7) {
+            let got = std::fs::read_to_string(big.join(format!("f{i:05}"))).expect("read");
+            assert_eq!(got, format!("{i}\n"));
+        }
+    };
+    read_all();
+    assert!(
+        std::fs::metadata(big.join("f03000")).is_err(),
+        "no such name"
+    );
+    // More directories than the server keeps decoded: each still lists and looks up right.
+    for i in 0..1100 {
+        let d = m.path().join(format!("t/d{i:04}"));
+        assert_eq!(list(&d), vec!["x".to_string()]);
+        assert_eq!(
+            std::fs::read_to_string(d.join("x")).expect("read"),
+            format!("x{i}\n")
+        );
+    }
+    assert_eq!(list(&m.path().join("t")).len(), 1100);
+    // And the first directory, decoded again, with the kernel's dentries dropped.
+    std::fs::write("/proc/sys/vm/drop_caches", "2").ok();
+    assert_eq!(list(&big), want);
+    read_all();
+}

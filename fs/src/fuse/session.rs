@@ -28,6 +28,9 @@ use super::journal::{Journal, Leftover};
 use super::proto::{self, init, op, Attr, Request};
 use super::{Channel, Received};
 
+/// A directory's entries as [`Filesystem::readdir`] gives them: node id, `DT_*` kind, name.
+pub type Entries = Vec<(u64, u32, Vec<u8>)>;
+
 /// What a filesystem answers. Node ids are the caller's (`attr.ino` of a lookup is the new node's id).
 pub trait Filesystem: Send + Sync + 'static {
     /// The entry `name` in directory `parent`.
@@ -39,8 +42,9 @@ pub trait Filesystem: Send + Sync + 'static {
     /// Reads `size` bytes at `offset` of node `ino`; answers through `reply`, now or later.
     fn read(&self, ino: u64, offset: u64, size: u32, reply: Reply);
     /// The entries of directory `ino` (without `.` and `..`): node id, `DT_*` kind, name. The order
-    /// must be stable (a directory offset is an index into it, also for a successor server).
-    fn readdir(&self, ino: u64) -> Result<Vec<(u64, u32, Vec<u8>)>, Errno>;
+    /// must be stable (a directory offset is an index into it, also for a successor server). Shared,
+    /// so that a server may keep a directory's entries for the many requests that list it.
+    fn readdir(&self, ino: u64) -> Result<Arc<Entries>, Errno>;
     /// The target of symlink `ino`.
     fn readlink(&self, _ino: u64) -> Result<Vec<u8>, Errno> {
         Err(Errno::NOSYS)
@@ -549,7 +553,7 @@ impl<F: Filesystem> Worker<F> {
             (proto::ROOT_ID, proto::DT_DIR, b"..".to_vec()),
         ];
         let mut out = Vec::new();
-        for (k, (child, kind, name)) in dots.into_iter().chain(entries).enumerate() {
+        for (k, &(child, kind, ref name)) in dots.iter().chain(entries.iter()).enumerate() {
             if (k as u64) < r.offset {
                 continue;
             }
@@ -558,7 +562,7 @@ impl<F: Filesystem> Worker<F> {
                 if out.len() + proto::dirent_size(name.len()) > r.size as usize {
                     break;
                 }
-                proto::push_dirent(&mut out, child, off, kind, &name);
+                proto::push_dirent(&mut out, child, off, kind, name);
                 continue;
             }
             if out.len() + proto::direntplus_size(name.len()) > r.size as usize {
@@ -573,7 +577,7 @@ impl<F: Filesystem> Worker<F> {
                     .getattr(child)
                     .map_or_else(|_| proto::EntryOut::default(), |a| self.entry(a)),
             };
-            proto::push_direntplus(&mut out, &entry, child, off, kind, &name);
+            proto::push_direntplus(&mut out, &entry, child, off, kind, name);
         }
         reply.data(&[&out]);
     }

@@ -43,8 +43,8 @@ impl Filesystem for Fake {
             _ => reply.data(&[&vec![offset as u8; size as usize]]),
         }
     }
-    fn readdir(&self, _ino: u64) -> Result<Vec<(u64, u32, Vec<u8>)>, Errno> {
-        Ok(vec![(5, proto::DT_REG, b"f".to_vec())])
+    fn readdir(&self, _ino: u64) -> Result<Arc<Entries>, Errno> {
+        Ok(Arc::new(vec![(5, proto::DT_REG, b"f".to_vec())]))
     }
 }
 

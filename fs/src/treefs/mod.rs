@@ -36,9 +36,10 @@
 
 mod read;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustix::io::Errno;
 use strata_erofs::format::{self as ef, new_encode_dev};
@@ -48,7 +49,7 @@ use strata_registry::digest::Digest;
 use crate::blobfs::{tree_errno, BlobTable, View, READS_PER_BLOB};
 use crate::fetch::{BlobHandle, FetchError, Fetcher};
 use crate::fuse::proto::{self, Attr};
-use crate::fuse::session::{Filesystem, Options, Reply, Session, Stats};
+use crate::fuse::session::{Entries, Filesystem, Options, Reply, Session, Stats};
 use crate::fuse::Channel;
 use crate::metrics::Metrics;
 use crate::mount::MountError;
@@ -123,7 +124,13 @@ pub struct TreeFs {
     slow: SlowReads,
     /// Set once a walk of the image found no xattr in it (see [`TreeFs::getxattr`]).
     xattr_free: Arc<AtomicBool>,
+    /// Decoded directories by nid ([`TreeFs::entries`]).
+    dirs: Mutex<HashMap<u64, Arc<Entries>>>,
 }
+
+/// Directories whose decoded entries are kept (all are forgotten when one more comes: a walk of a tree
+/// decodes each directory once while it lists and looks up in it, whatever the order).
+const DIRS_KEPT: usize = 1024;
 
 impl TreeFs {
     /// A server for `image`, whose blobs are (or will be, before their data is read) registered in
@@ -167,7 +174,36 @@ impl TreeFs {
             metrics,
             slow,
             xattr_free,
+            dirs: Mutex::default(),
         })
+    }
+
+    /// The entries of directory `dir` (node id, `DT_*` kind, name; sorted by name, without `.` and
+    /// `..`), decoded once and kept: `READDIRPLUS` comes once per buffer of a listing (a directory of
+    /// thousands of entries is dozens of requests) and `LOOKUP` once per name, and each decoded the
+    /// whole directory.
+    fn entries(&self, dir: &Inode) -> Result<Arc<Entries>, Errno> {
+        let kept = |d: &MutexGuard<'_, HashMap<u64, Arc<Entries>>>| d.get(&dir.nid).cloned();
+        if let Some(e) = kept(&self.dirs.lock().unwrap_or_else(|p| p.into_inner())) {
+            return Ok(e);
+        }
+        if !dir.is_dir() {
+            return Err(Errno::NOTDIR);
+        }
+        let root = self.image.root_nid();
+        let decoded = self.image.read_dir(dir).map_err(|e| self.errno(e.into()))?;
+        let e: Arc<Entries> = Arc::new(
+            decoded
+                .into_iter()
+                .map(|e| (node_of(root, e.nid), dt_of(e.file_type), e.name))
+                .collect(),
+        );
+        let mut dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
+        if dirs.len() >= DIRS_KEPT {
+            dirs.clear();
+        }
+        dirs.insert(dir.nid, e.clone());
+        Ok(e)
     }
 
     /// The image served.
@@ -236,23 +272,12 @@ const S_IFLNK: u32 = 0o120000;
 
 impl Filesystem for TreeFs {
     fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, Errno> {
-        let dir = self.inode(parent)?;
-        if !dir.is_dir() {
-            return Err(Errno::NOTDIR);
-        }
-        let entries = self
-            .image
-            .read_dir(&dir)
-            .map_err(|e| self.errno(e.into()))?;
+        let entries = self.entries(&self.inode(parent)?)?;
         // Entries are sorted bytewise (the writer's order, which the kernel's lookup relies on too).
         let at = entries
-            .binary_search_by(|e| e.name.as_slice().cmp(name))
+            .binary_search_by(|e| e.2.as_slice().cmp(name))
             .map_err(|_| Errno::NOENT)?;
-        let child = self
-            .image
-            .inode(entries[at].nid)
-            .map_err(|e| self.errno(e.into()))?;
-        Ok(self.attr(&child))
+        Ok(self.attr(&self.inode(entries[at].0)?))
     }
 
     fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
@@ -278,20 +303,8 @@ impl Filesystem for TreeFs {
         }
     }
 
-    fn readdir(&self, ino: u64) -> Result<Vec<(u64, u32, Vec<u8>)>, Errno> {
-        let dir = self.inode(ino)?;
-        if !dir.is_dir() {
-            return Err(Errno::NOTDIR);
-        }
-        let root = self.image.root_nid();
-        let entries = self
-            .image
-            .read_dir(&dir)
-            .map_err(|e| self.errno(e.into()))?;
-        Ok(entries
-            .into_iter()
-            .map(|e| (node_of(root, e.nid), dt_of(e.file_type), e.name))
-            .collect())
+    fn readdir(&self, ino: u64) -> Result<Arc<Entries>, Errno> {
+        self.entries(&self.inode(ino)?)
     }
 
     fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
