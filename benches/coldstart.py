@@ -261,10 +261,12 @@ def record_plan():
 
 
 def drop_plan():
-    """Drops the fat image's plan and every layer plan (which a new image on the same layers inherits)."""
+    """Drops the fat image's plan, every layer plan (which a new image on the same layers inherits) and
+    every blob's pointer to a plan (which a layer without a plan warms from: plans by content)."""
     if os.path.exists(plan_pointer()):
         os.unlink(plan_pointer())
-    shutil.rmtree(f"{CS}/store/plans/by-layer", ignore_errors=True)
+    for by in ("by-layer", "by-blob"):
+        shutil.rmtree(f"{CS}/store/plans/{by}", ignore_errors=True)
 
 
 def make_inherit():
