@@ -175,6 +175,25 @@ pub struct ChunkCache {
     pub stats: CacheStats,
 }
 
+/// What a scrub checked ([`ChunkCache::scrub`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Scrubbed {
+    /// Chunks read back and hashed.
+    pub chunks: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Of them, those whose bytes no longer had their digest (dropped; fetched again when read).
+    pub bad: u64,
+}
+
+impl std::ops::AddAssign for Scrubbed {
+    fn add_assign(&mut self, o: Scrubbed) {
+        self.chunks += o.chunks;
+        self.bytes += o.bytes;
+        self.bad += o.bad;
+    }
+}
+
 /// A cached chunk's verified bytes (in memory: nothing on disk can change them any more).
 pub struct Verified {
     bytes: Arc<[u8]>,
@@ -571,6 +590,49 @@ impl ChunkCache {
 
     /// Reads a chunk from its place in a segment and checks it against its digest.
     /// `file`: the segment, and the same opened for direct I/O (used when there is one).
+    /// Reads every cached chunk back from disk and checks it against its digest — a scrub, so the
+    /// recency order and the in-memory verified set are left as they are. A chunk whose bytes at rest
+    /// went bad is dropped, as a read would drop it (its next read fetches it again). Returns what was
+    /// checked.
+    pub fn scrub(&self) -> Scrubbed {
+        let list: Vec<(Digest, u64, u64, u64)> = {
+            let st = self.lock();
+            st.entries
+                .iter()
+                .map(|(d, e)| (*d, e.seg, e.offset, e.size))
+                .collect()
+        };
+        let mut out = Scrubbed::default();
+        for (d, seg, offset, size) in list {
+            let file = {
+                let st = self.lock();
+                st.segments
+                    .get(&seg)
+                    .map(|s| (s.data.clone(), s.direct.clone()))
+            };
+            let Some(file) = file else { continue };
+            let good = self.read_checked(&d, Some(&file), offset, size).is_some();
+            out.chunks += 1;
+            out.bytes += size;
+            if good {
+                continue;
+            }
+            let mut st = self.lock();
+            // Evicted meanwhile (its place perhaps reused): nothing went bad.
+            if st
+                .entries
+                .get(&d)
+                .is_some_and(|e| (e.seg, e.offset) == (seg, offset))
+            {
+                tracing::warn!(chunk = %d, "scrub: a cached chunk failed verification; dropped");
+                self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                self.forget(&mut st, &d);
+                out.bad += 1;
+            }
+        }
+        out
+    }
+
     fn read_checked(
         &self,
         d: &Digest,

@@ -476,3 +476,40 @@ fn segment_pages_leave_the_page_cache() {
     }
     assert_eq!(resident(&seg), 0);
 }
+
+#[test]
+fn a_scrub_drops_a_chunk_gone_bad_on_disk_and_nothing_else() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    // Nothing kept verified in memory: reads go to disk.
+    let c = ChunkCache::open_with(dir.path(), 64 << 20, SEGMENT_BYTES, 0).unwrap();
+    let chunks: Vec<_> = (0..4u8)
+        .map(|i| {
+            let b: Vec<u8> = (0..100_000u32).map(|j| (j % 251) as u8 ^ i).collect();
+            (Digest::of(&b), b)
+        })
+        .collect();
+    for (d, b) in &chunks {
+        c.insert(d, b).unwrap();
+    }
+    let clean = c.scrub();
+    assert_eq!((clean.chunks, clean.bytes, clean.bad), (4, 400_000, 0));
+    // A bit flips on disk in the third chunk.
+    let (seg, offset) = {
+        let st = c.lock();
+        let e = &st.entries[&chunks[2].0];
+        (e.seg, e.offset)
+    };
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join(format!("seg-{seg}")))
+        .unwrap();
+    std::os::unix::fs::FileExt::write_at(&f, &[chunks[2].1[10] ^ 1], offset + 10).unwrap();
+    drop(f);
+    let found = c.scrub();
+    assert_eq!((found.chunks, found.bad), (4, 1));
+    assert!(!c.contains(&chunks[2].0), "the bad chunk is dropped");
+    for (i, (d, b)) in chunks.iter().enumerate().filter(|(i, _)| *i != 2) {
+        assert_eq!(&c.get(d).unwrap().bytes()[..], &b[..], "chunk {i}");
+    }
+    assert_eq!(c.scrub().bad, 0);
+}

@@ -55,6 +55,10 @@ fn sandboxes_share_layers_and_run_bwrap_and_runc() {
     assert_eq!(layers.len(), 1);
     assert_eq!(layers[0]["refs"].as_u64(), Some(2));
     assert!(held(&ps["status"]).1 > 0, "nothing held: {}", ps["status"]);
+    // What the node holds checks out at rest (the chunk cache, or the view files in fanotify mode).
+    let scrub = json(&d.ok(&["daemon", "scrub", "--json"]));
+    assert!(scrub["chunks"].as_u64().unwrap_or(0) > 0, "{scrub}");
+    assert_eq!(scrub["bad"].as_u64(), Some(0), "{scrub}");
     // Charged to sb1, whose process read (file and fuse modes: the FUSE request carries its pid); in
     // loop mode the kernel's loop workers read, so the misses are the node's unattributed fetches
     // (docs/API.md, fetched_unattributed).

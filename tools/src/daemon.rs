@@ -98,7 +98,7 @@ struct Args {
     /// and store them as its plan (needs write access to the store) [default: 0, off].
     #[arg(long, value_name = "SECS")]
     record_plans: Option<f64>,
-    /// In fanotify mode, check every view file's data at rest this often, in seconds; 0: never
+    /// Check the cached data at rest (chunk cache, fanotify view files) this often, in seconds; 0: never
     /// [default: 86400].
     #[arg(long, value_name = "SECS")]
     scrub_interval: Option<f64>,

@@ -157,9 +157,9 @@ pub enum DaemonCmd {
     },
     /// The daemon's status document (JSON).
     Status,
-    /// Check the node's cached data at rest: in `fanotify` mode every filled chunk of every view file
-    /// is read back and hashed, and a bad one is fetched again on its next read (other modes check each
-    /// chunk whenever they read it). Prints files, chunks, bytes, bad chunks and seconds.
+    /// Check the node's cached data at rest: every chunk of the chunk cache and (fanotify mode) every
+    /// filled chunk of every view file is read back and hashed; a bad one is fetched again on its next
+    /// read. Prints files, chunks, bytes, bad chunks and seconds.
     Scrub {
         #[arg(long)]
         json: bool,
@@ -183,7 +183,7 @@ pub fn daemon(socket: &Path, cmd: DaemonCmd) -> Result<()> {
                 let n = |k: &str| r[k].as_u64().unwrap_or(0);
                 let secs = r["seconds"].as_f64().unwrap_or(0.0);
                 println!(
-                    "scrubbed {} view files: {} chunks, {} in {:.2} s ({:.0} MB/s); {} bad, fetched again when read",
+                    "scrubbed the chunk cache and {} view files: {} chunks, {} in {:.2} s ({:.0} MB/s); {} bad, fetched again when read",
                     n("files"),
                     n("chunks"),
                     human(n("bytes")),

@@ -60,8 +60,8 @@ pub struct Config {
     pub mount_mode: ModeRequest,
     /// In `loop` mode, bind loop devices with direct I/O (see [`crate::control::loops::Loops::new`]).
     pub loop_direct_io: bool,
-    /// In `fanotify` mode, check every view file's data at rest this often, in seconds (0: never; see
-    /// `Daemon::scrub`).
+    /// Check the cached data at rest (chunk cache, `fanotify` view files) this often, in seconds
+    /// (0: never; see `Daemon::scrub`).
     pub scrub_interval_secs: f64,
 }
 

@@ -134,11 +134,11 @@ impl Daemon {
 }
 
 impl Daemon {
-    /// Scrubs the view files every `scrub_interval_secs` while this process serves the node (not
-    /// after it handed the node to a successor, whose files they then are).
+    /// Scrubs the node's cached data every `scrub_interval_secs` while this process serves the node
+    /// (not after it handed the node to a successor, whose files they then are).
     pub(crate) fn start_scrubbing(self: &Arc<Self>) {
         let every = self.config.scrub_interval_secs;
-        if self.views.is_none() || !(every > 0.0 && every.is_finite()) {
+        if !(every > 0.0 && every.is_finite()) {
             return;
         }
         let every = std::time::Duration::from_secs_f64(every);
@@ -155,35 +155,42 @@ impl Daemon {
                 }
             });
         if let Err(e) = spawned {
-            tracing::warn!(error = %e, "no thread to scrub view files: `strata daemon scrub` only");
+            tracing::warn!(error = %e, "no thread to scrub cached data: `strata daemon scrub` only");
         }
     }
 
-    /// Checks the data at rest of every view file (`POST /v1/scrub`, `strata daemon scrub`): each
-    /// filled chunk read back and hashed, a bad one made a hole to be fetched again on its next read
-    /// ([`Server::scrub`]). Other modes have nothing to scrub — their chunk cache checks every chunk it
-    /// reads from disk — and report zero files.
+    /// Checks the node's cached data at rest (`POST /v1/scrub`, `strata daemon scrub`): every chunk
+    /// of the chunk cache and every filled chunk of every view file (`fanotify` mode) read back with
+    /// direct I/O and hashed. A bad cached chunk is dropped, a bad view-file chunk made a hole
+    /// ([`Server::scrub`]); either is fetched again on its next read. Reads check cached chunks too,
+    /// but the kernel reads view files unchecked, and a scrub finds rot while the store is still there
+    /// to mend it.
     pub(crate) fn scrub(&self) -> serde_json::Value {
         let t = std::time::Instant::now();
-        let (files, s) = match &self.views {
+        let cache = self.fetcher.cache().scrub();
+        let (files, views) = match &self.views {
             Some(server) => server.scrub(),
             None => (0, fanotify::views::Scrubbed::default()),
         };
         let seconds = t.elapsed().as_secs_f64();
+        let mut all = cache;
+        all += views;
         tracing::info!(
             files,
-            chunks = s.chunks,
-            bytes = s.bytes,
-            bad = s.bad,
+            chunks = all.chunks,
+            bytes = all.bytes,
+            bad = all.bad,
             seconds,
-            "scrubbed view files"
+            "scrubbed cached data"
         );
         serde_json::json!({
             "mount_mode": self.mode,
             "files": files,
-            "chunks": s.chunks,
-            "bytes": s.bytes,
-            "bad": s.bad,
+            "chunks": all.chunks,
+            "bytes": all.bytes,
+            "bad": all.bad,
+            "cache": cache,
+            "views": views,
             "seconds": seconds,
         })
     }

@@ -270,9 +270,7 @@ impl Server {
                         "scrub: cannot watch a view file with a bad chunk again: its reads are not refilled");
                 }
             }
-            sum.chunks += s.chunks;
-            sum.bytes += s.bytes;
-            sum.bad += s.bad;
+            sum += s;
         }
         (files.len(), sum)
     }

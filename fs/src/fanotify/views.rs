@@ -79,16 +79,8 @@ pub struct ViewFile {
     filled_cv: Condvar,
 }
 
-/// What a scrub checked ([`ViewFile::scrub`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Scrubbed {
-    /// Filled chunks read back and hashed.
-    pub chunks: u64,
-    /// Their bytes.
-    pub bytes: u64,
-    /// Of them, those whose bytes no longer had their digest (now holes, fetched again when read).
-    pub bad: u64,
-}
+/// What a scrub checked ([`ViewFile::scrub`]: the filled chunks of a view file).
+pub use crate::cache::Scrubbed;
 
 /// The view files of a node, by blob and by inode.
 pub struct Views {
