@@ -59,6 +59,9 @@ fn sandboxes_share_layers_and_run_bwrap_and_runc() {
     let scrub = json(&d.ok(&["daemon", "scrub", "--json"]));
     assert!(scrub["chunks"].as_u64().unwrap_or(0) > 0, "{scrub}");
     assert_eq!(scrub["bad"].as_u64(), Some(0), "{scrub}");
+    // The status keeps the last scrub's report (what the daily one found, for an operator).
+    let status = json(&d.ok(&["daemon", "status"]));
+    assert_eq!(status["scrub"], scrub, "{status}");
     // Charged to sb1, whose process read (file and fuse modes: the FUSE request carries its pid); in
     // loop mode the kernel's loop workers read, so the misses are the node's unattributed fetches
     // (docs/API.md, fetched_unattributed).

@@ -183,7 +183,10 @@ impl Daemon {
             seconds,
             "scrubbed cached data"
         );
-        serde_json::json!({
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let report = serde_json::json!({
             "mount_mode": self.mode,
             "files": files,
             "chunks": all.chunks,
@@ -192,6 +195,9 @@ impl Daemon {
             "cache": cache,
             "views": views,
             "seconds": seconds,
-        })
+            "at": at,
+        });
+        *self.last_scrub.lock().unwrap_or_else(|p| p.into_inner()) = Some(report.clone());
+        report
     }
 }
