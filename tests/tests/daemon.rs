@@ -356,6 +356,15 @@ fn cache_bound_holds_under_a_larger_working_set() {
     assert!(started < 12, "threads started for 24 missing reads: {w}");
 }
 
+/// A mount the test made, unmounted when dropped.
+struct Umount(std::path::PathBuf);
+
+impl Drop for Umount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
 #[test]
 fn reads_go_on_when_the_cache_disk_is_full() {
     if !can_mount() {
@@ -390,6 +399,8 @@ fn reads_go_on_when_the_cache_disk_is_full() {
     };
     let st = mount.arg(&cache).status().expect("mount");
     assert!(st.success(), "mount the small filesystem");
+    // Unmounted however the test ends (after the daemon, which is dropped first).
+    let small = Umount(cache.clone());
     let mut d = Daemon::start_in(&store, state, &["--max-fetch-span", "256K"]);
     let rootfs = d.ok(&["mount", "full:v1", "--sandbox", "f1"]);
     let got = std::fs::read(Path::new(&rootfs).join("data/big.bin"));
@@ -398,7 +409,7 @@ fn reads_go_on_when_the_cache_disk_is_full() {
     };
     let metrics = client.call("GET", "/metrics", None).expect("GET /metrics");
     d.stop();
-    let _ = std::process::Command::new("umount").arg(&cache).status();
+    drop(small);
     match fanotify {
         // The kernel reads what is in the view file, so a chunk that cannot be written there cannot
         // be read: an error, never a hole (docs/DAEMON.md, "The view files are the cache").
