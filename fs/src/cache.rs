@@ -588,8 +588,6 @@ impl ChunkCache {
         })
     }
 
-    /// Reads a chunk from its place in a segment and checks it against its digest.
-    /// `file`: the segment, and the same opened for direct I/O (used when there is one).
     /// Reads every cached chunk back from disk and checks it against its digest — a scrub, so the
     /// recency order and the in-memory verified set are left as they are. A chunk whose bytes at rest
     /// went bad is dropped, as a read would drop it (its next read fetches it again). Returns what was
@@ -633,6 +631,8 @@ impl ChunkCache {
         out
     }
 
+    /// Reads a chunk from its place in a segment and checks it against its digest.
+    /// `file`: the segment, and the same opened for direct I/O (used when there is one).
     fn read_checked(
         &self,
         d: &Digest,

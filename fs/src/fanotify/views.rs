@@ -395,17 +395,10 @@ impl ViewFile {
             if self.chunks[i].load(Ordering::Acquire) != FILLED || !self.try_claim(i) {
                 continue;
             }
-            let at = c.block as u64 * BLOCK_SIZE;
-            let read = self.own(at, c.len as u64, || {
-                direct::read(&self.file, at, c.len as usize)
-            });
+            let read = self.on_disk(i);
             out.chunks += 1;
             out.bytes += u64::from(c.len);
-            let good = match &read {
-                Ok((buf, s)) => Digest::of(&buf[*s..*s + c.len as usize]) == c.digest,
-                Err(_) => false,
-            };
-            if !good {
+            if !read.as_ref().is_ok_and(|&good| good) {
                 tracing::warn!(blob = %self.blob.blob.digest, chunk = i, path = %self.path.display(),
                     read_error = read.err().map(|e| e.to_string()), "scrub: a filled chunk went bad; fetched again on its next read");
                 out.bad += 1;
@@ -479,23 +472,26 @@ impl ViewFile {
 
     /// Whether the file already holds chunk `i` (its bytes have the chunk's digest).
     fn holds(&self, i: usize) -> Result<bool, FillError> {
-        let c = self.blob.toc.chunks[i];
-        let at = c.block as u64 * BLOCK_SIZE;
-        let (buf, at) = self
-            .own(at, c.len as u64, || {
-                direct::read(&self.file, at, c.len as usize)
-            })
-            .map_err(|e| FillError::Io {
-                path: self.path.clone(),
-                source: e,
-            })?;
-        let ok = Digest::of(&buf[at..at + c.len as usize]) == c.digest;
+        let ok = self.on_disk(i).map_err(|e| FillError::Io {
+            path: self.path.clone(),
+            source: e,
+        })?;
         if !ok {
             // Unless a fetch filled it meanwhile (a torn view of its write failed the check).
             let _ =
                 self.chunks[i].compare_exchange(UNKNOWN, HOLE, Ordering::AcqRel, Ordering::Acquire);
         }
         Ok(ok)
+    }
+
+    /// Whether chunk `i`'s bytes in the file have its digest (read with direct I/O, as an access of
+    /// this server's own).
+    fn on_disk(&self, i: usize) -> io::Result<bool> {
+        let c = self.blob.toc.chunks[i];
+        let at = c.block as u64 * BLOCK_SIZE;
+        let len = c.len as usize;
+        let (buf, s) = self.own(at, c.len as u64, || direct::read(&self.file, at, len))?;
+        Ok(Digest::of(&buf[s..s + len]) == c.digest)
     }
 
     fn write_all(&self, mut buf: &[u8], mut offset: u64) -> Result<(), FillError> {

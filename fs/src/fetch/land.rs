@@ -24,38 +24,8 @@ impl Fetcher {
         bytes: &[u8],
         start: u64,
     ) -> Vec<ChunkResult> {
-        let home = blob.home();
-        let out = self.decoded(blob, claimed, bytes, start);
-        for (&j, r) in claimed.iter().zip(&out) {
-            if let Ok(b) = r {
-                self.keep(blob, home.as_deref(), j, b);
-            }
-        }
-        out
-    }
-
-    /// Keeps verified chunk `j` of `blob`: in its home if it can take it, else in the cache. A cache
-    /// that cannot take the chunk (a full disk) costs a later refetch, not this read: the bytes are
-    /// verified and at hand.
-    pub(super) fn keep(&self, blob: &BlobHandle, home: Option<&dyn ChunkHome>, j: usize, b: &[u8]) {
-        if home.is_some_and(|h| h.take(j, b)) {
-            return;
-        }
-        if let Err(e) = self.cache.insert(&blob.toc.chunks[j].digest, b) {
-            self.metrics.error("cache");
-            tracing::warn!(error = %e, "chunk not cached; served from memory");
-        }
-    }
-
-    /// [`Fetcher::checked`] without keeping: each chunk's verified bytes, or why not.
-    pub(super) fn decoded(
-        &self,
-        blob: &BlobHandle,
-        claimed: &[usize],
-        bytes: &[u8],
-        start: u64,
-    ) -> Vec<ChunkResult> {
         let toc = &blob.toc;
+        let home = blob.home();
         let mut frames: HashMap<usize, Result<Vec<u8>, FrameError>> = HashMap::new();
         let raw = |f: usize| {
             let fr = &toc.frames[f];
@@ -77,11 +47,27 @@ impl Fetcher {
                     Err(_) => None,
                 }
             };
+            if let Some(b) = &chunk {
+                self.keep(blob, home.as_deref(), j, b);
+            }
             out.push(chunk.map(Arc::new).ok_or(FetchError::Corrupt {
                 blob: blob.blob.digest,
                 chunk: c.digest,
             }));
         }
         out
+    }
+
+    /// Keeps verified chunk `j` of `blob`: in its home if it can take it, else in the cache. A cache
+    /// that cannot take the chunk (a full disk) costs a later refetch, not this read: the bytes are
+    /// verified and at hand.
+    fn keep(&self, blob: &BlobHandle, home: Option<&dyn ChunkHome>, j: usize, b: &[u8]) {
+        if home.is_some_and(|h| h.take(j, b)) {
+            return;
+        }
+        if let Err(e) = self.cache.insert(&blob.toc.chunks[j].digest, b) {
+            self.metrics.error("cache");
+            tracing::warn!(error = %e, "chunk not cached; served from memory");
+        }
     }
 }
