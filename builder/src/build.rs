@@ -60,6 +60,9 @@ pub struct BuildOptions {
     pub chunk_size: u64,
     /// zstd level.
     pub level: i32,
+    /// Chunks longer than this are stored as pieces, each its own frame, verified on its own (0: whole
+    /// chunks; see [`strata_registry::pieces`]).
+    pub piece_size: u32,
     pub inline_max: u64,
     pub threads: usize,
     /// Layers whose chunks are not stored again (e.g. the previous version, or an image's layers).
@@ -106,6 +109,7 @@ impl BuildOptions {
             kind,
             chunk_size: DEFAULT_CHUNK_SIZE,
             level: 3,
+            piece_size: 0,
             inline_max: DEFAULT_INLINE_MAX,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             parents: Vec::new(),
@@ -130,6 +134,12 @@ impl BuildOptions {
         if !cs.is_power_of_two() || !(4096..=16 << 20).contains(&cs) {
             return Err(BuildError::Option(format!(
                 "chunk size {cs} must be a power of two from 4096 to 16777216"
+            )));
+        }
+        let ps = self.piece_size;
+        if ps != 0 && !strata_registry::pieces::valid_size(ps) {
+            return Err(BuildError::Option(format!(
+                "piece size {ps} must be 0 (whole chunks) or a power of two from 65536 to 16777216"
             )));
         }
         if !(1..=22).contains(&self.level) {
@@ -569,6 +579,7 @@ pub fn build_with(
     let pool = Pool::start(PoolOptions {
         threads: opts.threads,
         level: opts.level,
+        piece_size: opts.piece_size,
         spool_dir: store.spool_dir()?,
         known: known.clone(),
         progress: opts.progress.clone(),

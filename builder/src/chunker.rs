@@ -21,6 +21,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 use strata_registry::digest::{Digest, Hasher};
+use strata_registry::pieces::{self, Piece};
 use strata_registry::toc::{self, ChunkEntry, Footer, Frame, Toc, BLOCK_SIZE};
 
 use crate::error::BuildError;
@@ -55,11 +56,66 @@ pub enum Unit {
 /// Where each file's chunk lies, by digest (`None`: a hole).
 pub type ChunkRef = (NodeId, u32, Option<Digest>);
 
+/// What a worker hands the collector: one frame holding chunks, or a pieced chunk's frames.
 struct FrameOut {
-    compressed: Vec<u8>,
-    uncompressed: u32,
-    /// Digest, length and offset in the decompressed frame of each chunk.
+    /// Each frame's compressed bytes and uncompressed length: one, or one per piece of a pieced chunk.
+    frames: Vec<(Vec<u8>, u32)>,
+    /// Digest, length and offset in the decompressed frame of each chunk (a pieced chunk: it alone).
     chunks: Vec<(Digest, u32, u32)>,
+    /// A pieced chunk's pieces (empty otherwise).
+    pieces: Vec<Piece>,
+}
+
+impl FrameOut {
+    /// Chunk `d` (`data`) compressed on its own: in pieces when longer than `piece_size`.
+    fn chunk(d: Digest, data: &[u8], level: i32, piece_size: u32) -> FrameOut {
+        let (frames, pieces) = compress_chunk(data, level, piece_size);
+        FrameOut {
+            frames,
+            chunks: vec![(d, data.len() as u32, 0)],
+            pieces,
+        }
+    }
+}
+
+/// Compresses a chunk for a blob of piece size `piece_size` (0: none): one frame, or one per piece
+/// with the pieces' records. Returns each frame's compressed bytes and uncompressed length.
+pub(crate) fn compress_chunk(
+    data: &[u8],
+    level: i32,
+    piece_size: u32,
+) -> (Vec<(Vec<u8>, u32)>, Vec<Piece>) {
+    if pieces::count(data.len() as u32, piece_size) == 0 {
+        return (
+            vec![(toc::compress(data, level), data.len() as u32)],
+            Vec::new(),
+        );
+    }
+    pieces::cut(data, piece_size)
+        .into_iter()
+        .map(|(r, p)| {
+            let part = &data[r];
+            ((toc::compress(part, level), part.len() as u32), p)
+        })
+        .unzip()
+}
+
+/// Appends `frames` to `out` and records them in `toc`; returns the first one's index.
+pub(crate) fn append_frames(
+    out: &mut BlobSpool,
+    toc: &mut Toc,
+    frames: &[(Vec<u8>, u32)],
+) -> Result<u32, BuildError> {
+    let first = toc.frames.len() as u32;
+    for (z, uncompressed) in frames {
+        toc.frames.push(Frame {
+            offset: out.offset,
+            compressed: z.len() as u32,
+            uncompressed: *uncompressed,
+        });
+        out.write(z)?;
+    }
+    Ok(first)
 }
 
 struct Done {
@@ -93,6 +149,8 @@ pub struct Packed {
 pub struct PoolOptions {
     pub threads: usize,
     pub level: i32,
+    /// Chunks longer than this are stored in pieces (0: none; see [`strata_registry::pieces`]).
+    pub piece_size: u32,
     pub spool_dir: PathBuf,
     /// Chunks stored already (never compressed or stored again).
     pub known: Arc<crate::dedup::Known>,
@@ -187,20 +245,14 @@ fn work(unit: Unit, seq: u64, opts: &PoolOptions) -> Result<Done, BuildError> {
         Unit::Chunk { node, index, data } => {
             let bytes = read_data(&data)?;
             if let Some((d, data)) = classify(&mut done, opts, node, index, bytes) {
-                done.frames.push(FrameOut {
-                    compressed: toc::compress(&data, opts.level),
-                    uncompressed: data.len() as u32,
-                    chunks: vec![(d, data.len() as u32, 0)],
-                });
+                let out = FrameOut::chunk(d, &data, opts.level, opts.piece_size);
+                done.frames.push(out);
             }
         }
         Unit::Forced(data) => {
             let d = Digest::of(&data);
-            done.frames.push(FrameOut {
-                compressed: toc::compress(&data, opts.level),
-                uncompressed: data.len() as u32,
-                chunks: vec![(d, data.len() as u32, 0)],
-            });
+            let out = FrameOut::chunk(d, &data, opts.level, opts.piece_size);
+            done.frames.push(out);
         }
         Unit::Group(members) => {
             let mut buf = Vec::new();
@@ -213,10 +265,11 @@ fn work(unit: Unit, seq: u64, opts: &PoolOptions) -> Result<Done, BuildError> {
                 }
             }
             if !chunks.is_empty() {
+                // Grouped chunks are shorter than any piece size: a group is never pieced.
                 done.frames.push(FrameOut {
-                    compressed: toc::compress(&buf, opts.level),
-                    uncompressed: buf.len() as u32,
+                    frames: vec![(toc::compress(&buf, opts.level), buf.len() as u32)],
                     chunks,
+                    pieces: Vec::new(),
                 });
             }
         }
@@ -309,13 +362,11 @@ impl Collector {
             if f.chunks.iter().all(|(d, _, _)| self.placed.contains_key(d)) {
                 continue;
             }
-            let index = self.toc.frames.len() as u32;
-            self.toc.frames.push(Frame {
-                offset: self.out.offset,
-                compressed: f.compressed.len() as u32,
-                uncompressed: f.uncompressed,
-            });
-            self.out.write(&f.compressed)?;
+            let index = append_frames(&mut self.out, &mut self.toc, &f.frames)?;
+            if !f.pieces.is_empty() {
+                let chunk = self.toc.chunks.len() as u32;
+                self.toc.pieces.extend(f.pieces.iter().map(|p| (chunk, *p)));
+            }
             for (d, len, frame_offset) in f.chunks {
                 if self.placed.contains_key(&d) {
                     continue;
@@ -412,7 +463,10 @@ impl Pool {
             .spawn(move || {
                 let mut c = Collector {
                     out,
-                    toc: Toc::default(),
+                    toc: Toc {
+                        piece_size: opts.piece_size,
+                        ..Toc::default()
+                    },
                     placed: HashMap::new(),
                     next_block: 0,
                     refs: Vec::new(),

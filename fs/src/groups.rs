@@ -94,11 +94,14 @@ impl Groups {
                         bg.members.push(Vec::new());
                         (bg.members.len() - 1) as u32
                     });
-                    if let std::collections::hash_map::Entry::Vacant(v) =
-                        bg.of_chunk.entry(i as u32)
-                    {
-                        v.insert(g);
-                        bg.members[g as usize].push(i as u32);
+                    // Every unit of the chunk: all of a pieced chunk's pieces.
+                    for u in h.chunk_units(i) {
+                        if let std::collections::hash_map::Entry::Vacant(v) =
+                            bg.of_chunk.entry(u as u32)
+                        {
+                            v.insert(g);
+                            bg.members[g as usize].push(u as u32);
+                        }
                     }
                 }
             }

@@ -10,6 +10,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use strata_registry::digest::Digest;
 use strata_registry::model::BlobRef;
+use strata_registry::pieces;
 use strata_registry::store::{key, FaultyStore, MemoryStore, PutMode, Store, StoreBackend};
 use strata_registry::toc::{compress, ChunkEntry, Frame, Toc, BLOCK_SIZE};
 
@@ -60,24 +61,56 @@ impl Kit {
 
     /// Stores a blob of `chunks` (each compressed on its own) and opens it; returns it and its key.
     pub fn blob(&self, chunks: &[Vec<u8>]) -> (BlobHandle, String) {
-        let (mut obj, mut toc) = (Vec::new(), Toc::default());
+        self.pieced_blob(chunks, 0, None)
+    }
+
+    /// Stores a blob of `chunks`, those longer than `piece_size` in pieces (0: none), and opens it.
+    /// `forged`: (chunk, piece, bytes) stores those bytes as that piece, named by their own key in the
+    /// table of contents but keeping the true piece's chaining value — a blob whose keys lie.
+    pub fn pieced_blob(
+        &self,
+        chunks: &[Vec<u8>],
+        piece_size: u32,
+        forged: Option<(usize, usize, Vec<u8>)>,
+    ) -> (BlobHandle, String) {
+        let mut obj = Vec::new();
+        let mut toc = Toc {
+            piece_size,
+            ..Toc::default()
+        };
         let mut block = 0u64;
         for (i, c) in chunks.iter().enumerate() {
-            let z = compress(c, 3);
-            toc.frames.push(Frame {
-                offset: obj.len() as u64,
-                compressed: z.len() as u32,
-                uncompressed: c.len() as u32,
-            });
+            let mut parts = vec![c.clone()];
+            let first = toc.frames.len() as u32;
+            if pieces::count(c.len() as u32, piece_size) > 0 {
+                parts.clear();
+                for (k, (r, mut p)) in pieces::cut(c, piece_size).into_iter().enumerate() {
+                    let mut bytes = c[r].to_vec();
+                    if let Some((_, _, b)) = forged.as_ref().filter(|f| (f.0, f.1) == (i, k)) {
+                        bytes = b.clone();
+                        p.key = Digest::of(&bytes);
+                    }
+                    toc.pieces.push((i as u32, p));
+                    parts.push(bytes);
+                }
+            }
+            for part in &parts {
+                let z = compress(part, 3);
+                toc.frames.push(Frame {
+                    offset: obj.len() as u64,
+                    compressed: z.len() as u32,
+                    uncompressed: part.len() as u32,
+                });
+                obj.extend_from_slice(&z);
+            }
             toc.chunks.push(ChunkEntry {
                 block: block as u32,
                 len: c.len() as u32,
-                frame: i as u32,
+                frame: first,
                 frame_offset: 0,
                 digest: Digest::of(c),
             });
             block += (c.len() as u64).div_ceil(BLOCK_SIZE);
-            obj.extend_from_slice(&z);
         }
         toc.view_blocks = block;
         let t = toc.encode();

@@ -7,7 +7,8 @@ use strata_registry::store::{key, Store, StoreError};
 /// Version of the plan format.
 pub const PLAN_SCHEMA: u32 = 1;
 
-/// One chunk: a blob and the chunk's index in the blob's table of contents.
+/// One chunk: a blob and the chunk's index in the blob's table of contents *as units* (a pieced chunk is
+/// one unit per piece, [`strata_registry::pieces::units`]; a blob without pieces has its chunks as units).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PlanEntry {
     pub blob: Digest,

@@ -38,6 +38,7 @@ fn segment(first: u64, n: u64) -> Segment {
             })
             .collect(),
         view_blocks: n * 256,
+        ..Toc::default()
     };
     let blob = BlobRef {
         digest: Digest::of(format!("blob {first}").as_bytes()),

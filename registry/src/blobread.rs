@@ -67,41 +67,51 @@ impl<'s> BlobReader<'s> {
     }
 
     /// Calls `f` with every chunk in `chunks` (indices into the TOC, ascending), verified, fetching
-    /// neighbouring frames together up to [`MAX_SPAN`] bytes per request.
+    /// neighbouring frames together up to [`MAX_SPAN`] bytes per request. A pieced chunk comes whole:
+    /// its pieces' frames joined and checked against the chunk's digest.
     pub fn for_each_chunk(
         &self,
         chunks: Range<usize>,
         mut f: impl FnMut(&ChunkEntry, &[u8]) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let entries = self
-            .toc
-            .chunks
-            .get(chunks)
-            .ok_or_else(|| self.bad("chunk index out of range".into()))?;
-        let mut i = 0;
-        while i < entries.len() {
+        let toc = &self.toc;
+        if chunks.end > toc.chunks.len() || chunks.start > chunks.end {
+            return Err(self.bad("chunk index out of range".into()));
+        }
+        let mut i = chunks.start;
+        while i < chunks.end {
             // Gather the run of chunks whose frames are adjacent and fit the span.
-            let first_frame = entries[i].frame as usize;
+            let first_frame = toc.chunks[i].frame as usize;
             let mut last_frame = first_frame;
             let mut j = i;
-            while j < entries.len() {
-                let fr = entries[j].frame as usize;
-                if fr < first_frame || fr > last_frame + 1 {
+            while j < chunks.end {
+                let fr = toc.frames_of(j);
+                if fr.start < first_frame || fr.start > last_frame + 1 {
                     break;
                 }
-                let span = self.toc.frames[fr].offset + self.toc.frames[fr].compressed as u64
-                    - self.toc.frames[first_frame].offset;
-                if span > MAX_SPAN && fr != first_frame {
+                let end = &toc.frames[fr.end - 1];
+                let span = end.offset + end.compressed as u64 - toc.frames[first_frame].offset;
+                if span > MAX_SPAN && fr.start != first_frame {
                     break;
                 }
-                last_frame = last_frame.max(fr);
+                last_frame = last_frame.max(fr.end - 1);
                 j += 1;
             }
             let frames = self.fetch_frames(first_frame..last_frame + 1)?;
-            for c in &entries[i..j] {
-                let frame = &frames[c.frame as usize - first_frame];
-                let bytes = verified_chunk(c, frame).map_err(|e| self.bad(e.to_string()))?;
-                f(c, bytes)?;
+            for k in i..j {
+                let c = &toc.chunks[k];
+                let fr = toc.frames_of(k);
+                if fr.len() == 1 {
+                    let frame = &frames[fr.start - first_frame];
+                    let bytes = verified_chunk(c, frame).map_err(|e| self.bad(e.to_string()))?;
+                    f(c, bytes)?;
+                    continue;
+                }
+                let bytes = frames[fr.start - first_frame..fr.end - first_frame].concat();
+                if !c.digest.matches(&bytes) {
+                    return Err(self.bad(format!("chunk {} failed verification", c.digest)));
+                }
+                f(c, &bytes)?;
             }
             i = j;
         }

@@ -14,6 +14,7 @@ pub mod fsutil;
 pub mod gc;
 pub mod index;
 pub mod model;
+pub mod pieces;
 pub mod store;
 #[doc(hidden)]
 pub mod testing;

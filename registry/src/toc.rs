@@ -13,13 +13,20 @@
 //! verified against the digest the layer descriptor records) and then one range read per frame run; every
 //! chunk is checked against its BLAKE3 digest before use.
 //!
-//! TOC encoding (little endian): magic `STRATOC1`, `version u32 = 1`, `frames u32`, `chunks u32`,
-//! `reserved u32`, `view_blocks u64`; then `frames` records of `offset u64, compressed u32, uncompressed
-//! u32`; then `chunks` records sorted by block of `block u32, len u32, frame u32, frame_offset u32,
-//! digest [32]`. Footer: magic `STRATBLB`, `version u32`, `reserved u32`, `toc_offset u64`, `toc_len u64`,
-//! `toc digest [32]`.
+//! A chunk longer than the blob's *piece size* may instead be stored as several frames, one per piece,
+//! each verified on its own against the chunk's digest ([`crate::pieces`]): a reader of a few pages then
+//! fetches and decompresses one piece, not the whole chunk.
+//!
+//! TOC encoding (little endian): magic `STRATOC1`, `version u32` (1: no pieces, 2: pieces), `frames
+//! u32`, `chunks u32`, `piece_size u32` (0 in version 1), `view_blocks u64`; then `frames` records of
+//! `offset u64, compressed u32, uncompressed u32`; then `chunks` records sorted by block of `block u32,
+//! len u32, frame u32, frame_offset u32, digest [32]`; then, in version 2, a record of `key [32], cv
+//! [32]` for every piece of every chunk longer than `piece_size`, in chunk order. Such a chunk's record
+//! names its first frame (offset 0); its pieces are that frame and the ones after it, one each. Footer:
+//! magic `STRATBLB`, `version u32`, `reserved u32`, `toc_offset u64`, `toc_len u64`, `toc digest [32]`.
 
 use crate::digest::Digest;
+use crate::pieces::{self, Piece};
 
 /// EROFS block size: chunk positions in the uncompressed view are multiples of it.
 pub const BLOCK_SIZE: u64 = 4096;
@@ -31,6 +38,7 @@ const FOOTER_MAGIC: &[u8; 8] = b"STRATBLB";
 const TOC_HEADER: usize = 32;
 const FRAME_REC: usize = 16;
 const CHUNK_REC: usize = 48;
+const PIECE_REC: usize = 64;
 
 /// One zstd frame in the blob object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +92,10 @@ pub struct Toc {
     pub chunks: Vec<ChunkEntry>,
     /// Size of the uncompressed view in blocks.
     pub view_blocks: u64,
+    /// Piece size: every chunk longer than this is stored in pieces (0: none is).
+    pub piece_size: u32,
+    /// The pieces of every chunk longer than `piece_size`, in chunk order, each with its chunk's index.
+    pub pieces: Vec<(u32, Piece)>,
 }
 
 /// Where the TOC sits, as the footer (and the layer descriptor) records it.
@@ -120,16 +132,38 @@ impl Toc {
         (block < c.block as u64 + c.blocks()).then_some(i)
     }
 
-    /// Encodes the TOC.
+    /// The pieces of chunk `i` (empty: it is stored whole).
+    pub fn pieces_of(&self, i: usize) -> &[(u32, Piece)] {
+        let i = i as u32;
+        let lo = self.pieces.partition_point(|(c, _)| *c < i);
+        let hi = self.pieces.partition_point(|(c, _)| *c <= i);
+        &self.pieces[lo..hi]
+    }
+
+    /// The frames holding chunk `i`: its frame, or the frames of its pieces.
+    pub fn frames_of(&self, i: usize) -> std::ops::Range<usize> {
+        let c = &self.chunks[i];
+        let n = pieces::count(c.len, self.piece_size).max(1);
+        c.frame as usize..c.frame as usize + n
+    }
+
+    /// Encodes the TOC (version 1 when it has no piece size, so that older readers read it).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(
-            TOC_HEADER + self.frames.len() * FRAME_REC + self.chunks.len() * CHUNK_REC,
+            TOC_HEADER
+                + self.frames.len() * FRAME_REC
+                + self.chunks.len() * CHUNK_REC
+                + self.pieces.len() * PIECE_REC,
         );
+        let version: u32 = match self.piece_size {
+            0 => 1,
+            _ => 2,
+        };
         out.extend_from_slice(TOC_MAGIC);
-        out.extend_from_slice(&1u32.to_le_bytes());
+        out.extend_from_slice(&version.to_le_bytes());
         out.extend_from_slice(&(self.frames.len() as u32).to_le_bytes());
         out.extend_from_slice(&(self.chunks.len() as u32).to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&self.piece_size.to_le_bytes());
         out.extend_from_slice(&self.view_blocks.to_le_bytes());
         for f in &self.frames {
             out.extend_from_slice(&f.offset.to_le_bytes());
@@ -143,73 +177,153 @@ impl Toc {
             out.extend_from_slice(&c.frame_offset.to_le_bytes());
             out.extend_from_slice(&c.digest.0);
         }
+        for (_, p) in &self.pieces {
+            out.extend_from_slice(&p.key.0);
+            out.extend_from_slice(&p.cv);
+        }
         out
     }
 
-    /// Decodes and checks a TOC: records in bounds, chunks sorted, inside their frames and the view.
+    /// Decodes and checks a TOC: records in bounds, chunks sorted, inside their frames and the view, and
+    /// every pieced chunk's pieces in frames of their own, combining into the chunk's digest.
     pub fn decode(b: &[u8]) -> Result<Toc, TocError> {
         use TocError::Malformed as M;
         if b.len() < TOC_HEADER || &b[..8] != TOC_MAGIC {
             return Err(M("bad magic"));
         }
-        if u32_at(b, 8) != 1 {
-            return Err(M("unknown version"));
-        }
+        let piece_size = match (u32_at(b, 8), u32_at(b, 20)) {
+            (1, _) => 0,
+            (2, size) if pieces::valid_size(size) => size,
+            (2, _) => return Err(M("piece size not a power of two from 64 KiB to 16 MiB")),
+            _ => return Err(M("unknown version")),
+        };
         let nframes = u32_at(b, 12) as usize;
         let nchunks = u32_at(b, 16) as usize;
         let view_blocks = u64_at(b, 24);
-        let want = nframes
+        let records = nframes
             .checked_mul(FRAME_REC)
             .and_then(|f| nchunks.checked_mul(CHUNK_REC).map(|c| (f, c)))
             .and_then(|(f, c)| f.checked_add(c))
             .and_then(|n| n.checked_add(TOC_HEADER))
             .ok_or(M("record counts overflow"))?;
-        if b.len() != want {
+        if b.len() < records {
             return Err(M("length does not match record counts"));
         }
-        let mut frames = Vec::with_capacity(nframes);
-        for i in 0..nframes {
-            let o = TOC_HEADER + i * FRAME_REC;
-            frames.push(Frame {
-                offset: u64_at(b, o),
-                compressed: u32_at(b, o + 8),
-                uncompressed: u32_at(b, o + 12),
-            });
-        }
+        let frames: Vec<Frame> = (0..nframes)
+            .map(|i| {
+                let o = TOC_HEADER + i * FRAME_REC;
+                Frame {
+                    offset: u64_at(b, o),
+                    compressed: u32_at(b, o + 8),
+                    uncompressed: u32_at(b, o + 12),
+                }
+            })
+            .collect();
         let base = TOC_HEADER + nframes * FRAME_REC;
-        let mut chunks = Vec::with_capacity(nchunks);
+        let chunks: Vec<ChunkEntry> = (0..nchunks)
+            .map(|i| chunk_record(&b[base + i * CHUNK_REC..base + (i + 1) * CHUNK_REC]))
+            .collect();
+        let npieces: usize = chunks
+            .iter()
+            .map(|c| pieces::count(c.len, piece_size))
+            .sum();
+        if npieces
+            .checked_mul(PIECE_REC)
+            .and_then(|n| n.checked_add(records))
+            != Some(b.len())
+        {
+            return Err(M("length does not match record counts"));
+        }
+        let mut toc = Toc {
+            frames,
+            chunks,
+            view_blocks,
+            piece_size,
+            pieces: Vec::with_capacity(npieces),
+        };
+        let mut at = records;
+        for i in 0..toc.chunks.len() {
+            for _ in 0..pieces::count(toc.chunks[i].len, piece_size) {
+                let mut key = [0u8; 32];
+                key.copy_from_slice(&b[at..at + 32]);
+                let mut cv = [0u8; 32];
+                cv.copy_from_slice(&b[at + 32..at + PIECE_REC]);
+                toc.pieces.push((
+                    i as u32,
+                    Piece {
+                        key: Digest(key),
+                        cv,
+                    },
+                ));
+                at += PIECE_REC;
+            }
+        }
+        toc.check()?;
+        Ok(toc)
+    }
+
+    /// Checks decoded records: chunks sorted, within the view and their frames, pieces sound.
+    fn check(&self) -> Result<(), TocError> {
+        use TocError::Malformed as M;
         let mut next_free = 0u64;
-        for i in 0..nchunks {
-            let o = base + i * CHUNK_REC;
-            let mut d = [0u8; 32];
-            d.copy_from_slice(&b[o + 16..o + 48]);
-            let c = ChunkEntry {
-                block: u32_at(b, o),
-                len: u32_at(b, o + 4),
-                frame: u32_at(b, o + 8),
-                frame_offset: u32_at(b, o + 12),
-                digest: Digest(d),
-            };
-            let frame = frames
+        for (i, c) in self.chunks.iter().enumerate() {
+            self.check_frames(i)?;
+            if (c.block as u64) < next_free {
+                return Err(M("chunks unsorted or overlapping"));
+            }
+            next_free = c.block as u64 + c.blocks().max(1);
+            if next_free > self.view_blocks {
+                return Err(M("chunk beyond the view"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that chunk `i` lies within its frame, or that its pieces fill frames of their own and
+    /// combine into its digest.
+    fn check_frames(&self, i: usize) -> Result<(), TocError> {
+        use TocError::Malformed as M;
+        let c = &self.chunks[i];
+        let pieces = self.pieces_of(i);
+        if pieces.is_empty() {
+            let frame = self
+                .frames
                 .get(c.frame as usize)
                 .ok_or(M("chunk names a missing frame"))?;
             if c.frame_offset as u64 + c.len as u64 > frame.uncompressed as u64 {
                 return Err(M("chunk extends past its frame"));
             }
-            if (c.block as u64) < next_free {
-                return Err(M("chunks unsorted or overlapping"));
-            }
-            next_free = c.block as u64 + c.blocks().max(1);
-            if next_free > view_blocks {
-                return Err(M("chunk beyond the view"));
-            }
-            chunks.push(c);
+            return Ok(());
         }
-        Ok(Toc {
-            frames,
-            chunks,
-            view_blocks,
-        })
+        let frames = self
+            .frames
+            .get(self.frames_of(i))
+            .ok_or(M("pieced chunk names missing frames"))?;
+        let size = self.piece_size;
+        let sizes_fit = frames
+            .iter()
+            .enumerate()
+            .all(|(k, f)| f.uncompressed == (c.len - k as u32 * size).min(size));
+        if c.frame_offset != 0 || !sizes_fit {
+            return Err(M("pieces do not fill frames of their own"));
+        }
+        let ps: Vec<Piece> = pieces.iter().map(|(_, p)| *p).collect();
+        if !pieces::chunk_matches(&c.digest, c.len, size, &ps) {
+            return Err(M("pieces do not combine into their chunk's digest"));
+        }
+        Ok(())
+    }
+}
+
+fn chunk_record(r: &[u8]) -> ChunkEntry {
+    let mut d = [0u8; 32];
+    d.copy_from_slice(&r[16..48]);
+    ChunkEntry {
+        block: u32_at(r, 0),
+        len: u32_at(r, 4),
+        frame: u32_at(r, 8),
+        frame_offset: u32_at(r, 12),
+        digest: Digest(d),
     }
 }
 
@@ -355,7 +469,102 @@ mod tests {
                 },
             ],
             view_blocks: 4,
+            ..Toc::default()
         }
+    }
+
+    /// A blob view of a 200,000-byte chunk in four 64 KiB pieces, then the sample's grouped chunks.
+    fn pieced() -> (Toc, Vec<u8>) {
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 31 % 253) as u8).collect();
+        let mut t = Toc {
+            piece_size: pieces::PIECE_SIZE,
+            ..Toc::default()
+        };
+        for (k, (r, p)) in pieces::cut(&data, pieces::PIECE_SIZE)
+            .into_iter()
+            .enumerate()
+        {
+            t.frames.push(Frame {
+                offset: k as u64 * 100,
+                compressed: 100,
+                uncompressed: r.len() as u32,
+            });
+            t.pieces.push((0, p));
+        }
+        t.chunks.push(ChunkEntry {
+            block: 0,
+            len: data.len() as u32,
+            frame: 0,
+            frame_offset: 0,
+            digest: Digest::of(&data),
+        });
+        let blocks = (data.len() as u64).div_ceil(BLOCK_SIZE) as u32;
+        let s = sample();
+        t.frames.push(Frame {
+            offset: 400,
+            ..s.frames[1]
+        });
+        for c in &s.chunks[1..] {
+            t.chunks.push(ChunkEntry {
+                block: blocks + c.block - 2,
+                frame: 4,
+                ..*c
+            });
+        }
+        t.view_blocks = blocks as u64 + 2;
+        (t, data)
+    }
+
+    #[test]
+    fn pieced_round_trip_and_units() {
+        let (t, data) = pieced();
+        let back = Toc::decode(&t.encode()).expect("decodes");
+        assert_eq!(back, t);
+        assert_eq!(back.frames_of(0), 0..4);
+        assert_eq!(back.frames_of(1), 4..5);
+        let (units, checks) = pieces::units(&back);
+        assert_eq!(units.chunks.len(), 6);
+        assert_eq!(checks.iter().filter(|c| c.is_some()).count(), 4);
+        for (u, check) in units.chunks.iter().zip(&checks).take(4) {
+            let at = u.block as usize * BLOCK_SIZE as usize;
+            let bytes = &data[at..at + u.len as usize];
+            assert!(u.digest.matches(bytes));
+            assert!(check.expect("a piece").matches(bytes));
+        }
+        assert_eq!(units.chunks[4].digest, back.chunks[1].digest);
+        assert_eq!(
+            units.chunk_at(17),
+            Some(1),
+            "block 17 is in the second piece"
+        );
+    }
+
+    #[test]
+    fn pieces_that_do_not_make_their_chunk_are_refused() {
+        let (t, _) = pieced();
+        let mut bad = t.clone();
+        bad.pieces[2].1.cv[5] ^= 1;
+        assert!(
+            Toc::decode(&bad.encode()).is_err(),
+            "a wrong chaining value"
+        );
+        let mut bad = t.clone();
+        bad.frames[1].uncompressed -= 1;
+        assert!(
+            Toc::decode(&bad.encode()).is_err(),
+            "a frame not the piece's size"
+        );
+        let mut bad = t.clone();
+        bad.piece_size = 3 << 16;
+        assert!(
+            Toc::decode(&bad.encode()).is_err(),
+            "a piece size not a power of two"
+        );
+        let enc = t.encode();
+        assert!(
+            Toc::decode(&enc[..enc.len() - 1]).is_err(),
+            "a cut piece record"
+        );
     }
 
     #[test]

@@ -17,6 +17,23 @@ fn store_blob_bytes(store: &StoreEnv) -> u64 {
         .sum()
 }
 
+/// How many of the store's blobs hold pieced chunks (their tables of contents record pieces).
+fn pieced_blobs(store: &StoreEnv) -> usize {
+    let s = store.open();
+    let keys = s.list_info("blobs").expect("list");
+    keys.iter()
+        .filter(|(k, size, _)| {
+            let hex = k.rsplit('/').next().unwrap_or("");
+            let d = strata_registry::digest::Digest::from_hex(hex).expect("blob key");
+            let f = s.get_footer(&d).expect("footer");
+            assert_eq!(f.toc_offset + f.toc_len + 64, *size);
+            let toc = s.get_range(k, f.toc_offset..f.toc_offset + f.toc_len);
+            let toc = strata_registry::toc::Toc::decode(&toc.expect("toc")).expect("decode");
+            !toc.pieces.is_empty()
+        })
+        .count()
+}
+
 /// Version `v` of the tree: file `i` is missing from the versions where `(i + v) % 6 == 0` (each upgrade
 /// deletes some files and brings back others) and its content changes every third version, at staggered
 /// versions: the latest version's chunks lie in the blobs of several builds, and the first builds' blobs
@@ -64,24 +81,19 @@ fn reads_the_same(store: &StoreEnv, tag: &str, files: &[(String, Vec<u8>)]) {
     }
 }
 
-fn compacts(store: &StoreEnv) {
+/// `piece_size`: what every build passes as `--piece-size` (0: whole chunks).
+fn compacts(store: &StoreEnv, piece_size: &str) {
     let src = scratch("compact-src");
     let root = src.path().join("t");
     let r = root.to_str().expect("utf8");
+    let ps = ["--piece-size", piece_size];
     write_version(&root, 0);
-    store.ok(&["build", r, "-t", "base:latest"]);
-    store.ok(&["build", r, "-t", "base:v0"]);
+    store.ok(&[&["build", r, "-t", "base:latest"][..], &ps].concat());
+    store.ok(&[&["build", r, "-t", "base:v0"][..], &ps].concat());
     for v in 1..=6 {
         write_version(&root, v);
-        store.ok(&[
-            "build",
-            r,
-            "--parent",
-            "base:latest",
-            "-t",
-            "base:latest",
-            "--force",
-        ]);
+        let args = ["build", r, "--parent", "base:latest", "-t", "base:latest"];
+        store.ok(&[&args[..], &["--force"], &ps].concat());
     }
     let files = files_of(&root);
     // v0 is dropped: only v6 is live, and it references every blob of the chain for a few chunks each.
@@ -161,7 +173,7 @@ fn compacts(store: &StoreEnv) {
     let after = store_blob_bytes(store);
     let fresh_dir = scratch("compact-fresh");
     let fresh = StoreEnv::local(fresh_dir.path());
-    fresh.ok(&["build", r]);
+    fresh.ok(&[&["build", r][..], &ps].concat());
     let live = store_blob_bytes(&fresh);
     assert!(
         after < before,
@@ -172,6 +184,12 @@ fn compacts(store: &StoreEnv) {
         "store blobs {after} vs live data {live} (before compaction {before})"
     );
     reads_the_same(store, "base:latest", &files);
+    // Compaction keeps how chunks are stored: pieced blobs are rewritten pieced.
+    let pieced = pieced_blobs(store);
+    match piece_size {
+        "0" => assert_eq!(pieced, 0),
+        _ => assert!(pieced > 0, "no pieced blob after compaction"),
+    }
     // Compacting again finds nothing to do.
     let again = json(&store.ok(&["gc", "--compact", "--json"]));
     assert_eq!(again["compact"]["compacted"], 0, "{again}");
@@ -180,7 +198,14 @@ fn compacts(store: &StoreEnv) {
 #[test]
 fn compact_on_a_local_store() {
     let dir = scratch("compact-store");
-    compacts(&StoreEnv::local(dir.path()));
+    compacts(&StoreEnv::local(dir.path()), "0");
+}
+
+/// Blobs whose chunks are stored as 64 KiB pieces are rewritten as pieces, and read the same.
+#[test]
+fn compact_pieced_blobs_on_a_local_store() {
+    let dir = scratch("compact-pieced");
+    compacts(&StoreEnv::local(dir.path()), "65536");
 }
 
 #[test]
@@ -188,5 +213,5 @@ fn compact_on_s3() {
     let Some(s3) = S3Server::start("compact") else {
         return;
     };
-    compacts(&s3.store("compact", "p"));
+    compacts(&s3.store("compact", "p"), "0");
 }

@@ -201,7 +201,8 @@ fn plan_bytes(store: &Store, layers: &[LayerDescriptor], plan: &Plan) -> Result<
             if sizes.contains_key(&b.digest) {
                 continue;
             }
-            let toc = store.get_toc(b)?;
+            // Plans name units: a pieced chunk's pieces.
+            let (toc, _) = strata_registry::pieces::units(&store.get_toc(b)?);
             sizes.insert(
                 b.digest,
                 toc.chunks

@@ -12,10 +12,11 @@ use std::path::Path;
 use strata_registry::blobread::BlobReader;
 use strata_registry::index::Segment;
 use strata_registry::model::BlobRef;
+use strata_registry::pieces;
 use strata_registry::store::Store;
-use strata_registry::toc::{self, ChunkEntry, Frame, Toc, BLOCK_SIZE};
+use strata_registry::toc::{self, ChunkEntry, Toc, BLOCK_SIZE};
 
-use crate::chunker::BlobSpool;
+use crate::chunker::{append_frames, compress_chunk, BlobSpool};
 use crate::error::BuildError;
 
 const GROUP_FILE_MAX: usize = 64 << 10;
@@ -41,14 +42,8 @@ struct Writer {
 impl Writer {
     /// Writes `data` as one frame holding `chunks` (old block, entry with `frame_offset` set).
     fn frame(&mut self, data: &[u8], chunks: Vec<(u32, ChunkEntry)>) -> Result<(), BuildError> {
-        let z = toc::compress(data, self.level);
-        let index = self.toc.frames.len() as u32;
-        self.toc.frames.push(Frame {
-            offset: self.out.offset,
-            compressed: z.len() as u32,
-            uncompressed: data.len() as u32,
-        });
-        self.out.write(&z)?;
+        let frame = [(toc::compress(data, self.level), data.len() as u32)];
+        let index = append_frames(&mut self.out, &mut self.toc, &frame)?;
         for (old, mut c) in chunks {
             let block = u32::try_from(self.toc.view_blocks)
                 .map_err(|_| BuildError::Option("blob view larger than 16 TiB".into()))?;
@@ -70,8 +65,33 @@ impl Writer {
         self.frame(&group, pending)
     }
 
+    /// Writes a chunk longer than the piece size as its pieces' frames.
+    fn pieced(&mut self, c: &ChunkEntry, bytes: &[u8]) -> Result<(), BuildError> {
+        let (frames, pieces) = compress_chunk(bytes, self.level, self.toc.piece_size);
+        let frame = append_frames(&mut self.out, &mut self.toc, &frames)?;
+        let block = u32::try_from(self.toc.view_blocks)
+            .map_err(|_| BuildError::Option("blob view larger than 16 TiB".into()))?;
+        let index = self.toc.chunks.len() as u32;
+        self.toc
+            .pieces
+            .extend(pieces.into_iter().map(|p| (index, p)));
+        self.blocks.insert(c.block, block);
+        self.toc.view_blocks += (c.len as u64).div_ceil(BLOCK_SIZE);
+        self.toc.chunks.push(ChunkEntry {
+            block,
+            frame,
+            frame_offset: 0,
+            ..*c
+        });
+        Ok(())
+    }
+
     fn add(&mut self, c: &ChunkEntry, bytes: &[u8]) -> Result<(), BuildError> {
         let entry = |frame_offset: u32| ChunkEntry { frame_offset, ..*c };
+        if pieces::count(c.len, self.toc.piece_size) > 0 {
+            self.flush_group()?;
+            return self.pieced(c, bytes);
+        }
         if bytes.len() >= GROUP_FILE_MAX {
             self.flush_group()?;
             return self.frame(bytes, vec![(c.block, entry(0))]);
@@ -98,7 +118,11 @@ pub fn rewrite(
     let reader = BlobReader::open(store, old)?;
     let mut w = Writer {
         out: BlobSpool::create(spool, "compact")?,
-        toc: Toc::default(),
+        // The old blob's piece size: compaction moves chunks, it does not change how they are stored.
+        toc: Toc {
+            piece_size: reader.toc.piece_size,
+            ..Toc::default()
+        },
         level,
         pending: Vec::new(),
         group: Vec::new(),

@@ -509,9 +509,10 @@ impl Daemon {
         if let Some(toc) = self.node.toc(b) {
             return Ok(BlobHandle::new(b, toc));
         }
-        let h = BlobHandle::open(&self.store, b)?;
-        self.node.save_toc(b, &h.toc)?;
-        Ok(h)
+        // Kept as stored (pieces and all): the handle holds it as units.
+        let toc = self.store.get_toc(b)?;
+        self.node.save_toc(b, &toc)?;
+        Ok(BlobHandle::new(b, toc))
     }
 
     /// A layer's metadata image at `path`, verified: reused if already there and intact, else fetched.

@@ -1,5 +1,5 @@
-//! Where fetched bytes land: decompressed, checked against their digests, then kept — by the blob's
-//! home ([`super::home`]) or the chunk cache.
+//! Where fetched bytes land: decompressed, checked against their digests (a piece also against its
+//! chaining value), then kept — by the blob's home ([`super::home`]) or the chunk cache.
 //!
 //! A chunk is kept before its flight completes, so a reader woken by the flight finds it where it looks.
 //! Keeping inline on the fetching thread was measured against a writer thread per streamed run (the
@@ -40,10 +40,16 @@ impl Fetcher {
             let chunk = if c.frame_offset == 0 && c.len == toc.frames[f].uncompressed {
                 // A frame of this chunk alone (every chunk but tiny ones): its decompressed bytes
                 // are the chunk's, kept as they are rather than copied out of the frame.
-                raw(f).ok().filter(|b| c.digest.matches(b))
+                // A piece is checked against its chaining value too: that ties it to its chunk.
+                raw(f)
+                    .ok()
+                    .filter(|b| c.digest.matches(b) && blob.piece_ok(j, b))
             } else {
                 match frames.entry(f).or_insert_with(|| raw(f)) {
-                    Ok(fb) => verified_chunk(c, fb).map(|b| b.to_vec()).ok(),
+                    Ok(fb) => verified_chunk(c, fb)
+                        .ok()
+                        .filter(|b| blob.piece_ok(j, b))
+                        .map(<[u8]>::to_vec),
                     Err(_) => None,
                 }
             };

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use strata_registry::digest::Digest;
 use strata_registry::model::BlobRef;
+use strata_registry::pieces::{self, PieceCheck};
 use strata_registry::store::{key, Store, StoreError};
 use strata_registry::toc::Toc;
 
@@ -47,10 +48,16 @@ use crate::groups::Groups;
 use crate::metrics::Metrics;
 use crate::workers::Workers;
 
-/// A blob the node serves: its descriptor entry and verified table of contents.
+/// A blob the node serves: its descriptor entry and verified table of contents, as *units*.
 pub struct BlobHandle {
     pub blob: BlobRef,
+    /// The blob's table of contents as units ([`pieces::units`]): its chunks stored whole and the
+    /// pieces of its pieced chunks, each named by its key. Everything the node does by chunk — fetch,
+    /// cache, fill a view file, record a plan — it does by unit, so that a miss in a pieced chunk
+    /// fetches, decompresses and verifies one piece. A blob without pieces has its chunks as units.
     pub toc: Toc,
+    /// Each unit's piece check (empty: the blob has no pieces).
+    checks: Vec<Option<PieceCheck>>,
     key: String,
     /// The chunk the last read entered (`usize::MAX`: none yet), for [`Fetcher::read_ahead`].
     last: AtomicUsize,
@@ -68,14 +75,50 @@ impl BlobHandle {
 
     /// A blob whose table of contents the caller has verified (e.g. kept in the node's state).
     pub fn new(blob: &BlobRef, toc: Toc) -> BlobHandle {
+        let (toc, checks) = pieces::units(&toc);
         BlobHandle {
             toc,
+            checks,
             blob: blob.clone(),
             key: key::blob(&blob.digest),
             last: AtomicUsize::new(usize::MAX),
             ahead: AtomicUsize::new(0),
             home: std::sync::RwLock::new(None),
         }
+    }
+
+    /// Whether `bytes`, which match unit `j`'s key, are also the piece of its chunk the unit names
+    /// (a whole chunk's key is its digest: nothing more to check).
+    pub fn piece_ok(&self, j: usize, bytes: &[u8]) -> bool {
+        match self.checks.get(j) {
+            Some(Some(check)) => check.matches(bytes),
+            _ => true,
+        }
+    }
+
+    /// The first unit of the chunk unit `i` is in: `i` itself unless it is a piece past its chunk's first.
+    pub fn chunk_start(&self, i: usize) -> usize {
+        let back = self
+            .checks
+            .get(..=i)
+            .unwrap_or(&[])
+            .iter()
+            .rev()
+            .take_while(|c| c.is_some_and(|c| c.offset > 0))
+            .count();
+        i - back
+    }
+
+    /// The units of the chunk whose first unit is `i`: `i` alone, or all of its chunk's pieces.
+    pub fn chunk_units(&self, i: usize) -> std::ops::Range<usize> {
+        let more = self
+            .checks
+            .get(i + 1..)
+            .unwrap_or(&[])
+            .iter()
+            .take_while(|c| c.is_some_and(|c| c.offset > 0))
+            .count();
+        i..i + 1 + more
     }
 }
 
@@ -458,10 +501,22 @@ impl Fetcher {
             tracing::debug!(blob = %blob.blob.digest, chunk = i, at = base, span = max_span,
                 claimed = claimed.len(), "miss");
             // A planned blob fetches nothing around its misses (`max_span` 0 above).
-            let behind = match max_span == 0 || self.max_behind == 0 {
+            let mut behind = match max_span == 0 || self.max_behind == 0 {
                 true => Vec::new(),
                 false => self.behind(toc, i, &inflight, &present),
             };
+            // A miss in a pieced chunk brings the chunk's earlier pieces too, in the background: a
+            // whole chunk's reader has them all after one miss, and a piece's must not pay a round trip
+            // more for reading back within its chunk.
+            if max_span > 0 {
+                let start = blob.chunk_start(i);
+                behind.extend(
+                    (start..i)
+                        .filter(|&j| !inflight.contains_key(&toc.chunks[j].digest) && !present(j)),
+                );
+                behind.sort_unstable();
+                behind.dedup();
+            }
             let flights = claim(&mut inflight, toc, &claimed);
             let behind_flights = claim(&mut inflight, toc, &behind);
             let frames: std::collections::BTreeSet<usize> = claimed
@@ -759,5 +814,7 @@ fn span(toc: &Toc, claimed: &[usize]) -> std::ops::Range<u64> {
     first.offset..last.offset + last.compressed as u64
 }
 
+#[cfg(test)]
+mod pieces_tests;
 #[cfg(test)]
 mod tests;
