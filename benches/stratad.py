@@ -6,6 +6,7 @@ import json, os, shutil, signal, socket, subprocess, tempfile, time
 TARGET = os.environ.get("CARGO_TARGET_DIR", "/var/tmp/strata-target")
 BIN = {b: f"{TARGET}/release/{b}" for b in ("strata", "stratad", "pack_diff", "linkproxy")}
 BIN["stratad"] = os.environ.get("STRATAD", BIN["stratad"])
+BIN["strata"] = os.environ.get("STRATA_CLI", BIN["strata"])
 
 
 def call(sock, method, path, body=None):

@@ -16,6 +16,15 @@ use crate::{
 #[derive(Parser)]
 #[command(name = "strata", version)]
 pub struct Cli {
+    #[command(flatten)]
+    pub globals: Globals,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+/// Options every command takes, before or after its name.
+#[derive(clap::Args)]
+pub struct Globals {
     /// Store URL: file:///path or s3://bucket/prefix (endpoint and credentials from AWS_* variables).
     #[arg(long, global = true, env = "STRATA_STORE", default_value = DEFAULT_STORE)]
     pub store: String,
@@ -36,8 +45,92 @@ pub struct Cli {
         default_value = "auto"
     )]
     pub progress: progress::Mode,
+}
+
+/// The per-sandbox commands alone (`mount`, `umount`), what the lean binary tries first: a node
+/// agent's `strata mount` then builds a command tree of two commands, not of the whole CLI
+/// (BENCHMARKS.md, "The CLI's own cost"). Anything else, help and errors included, goes to [`Cli`].
+#[derive(Parser)]
+#[command(
+    name = "strata",
+    disable_help_flag = true,
+    disable_help_subcommand = true
+)]
+pub struct NodeCli {
+    #[command(flatten)]
+    pub globals: Globals,
     #[command(subcommand)]
-    pub cmd: Cmd,
+    pub cmd: NodeCmd,
+}
+
+/// See [`NodeCli`].
+#[derive(Subcommand)]
+pub enum NodeCmd {
+    Mount(MountArgs),
+    Umount(UmountArgs),
+}
+
+/// Runs a [`NodeCli`] command.
+pub fn run_node_cmd(cli: NodeCli) -> Result<()> {
+    progress::set_mode(cli.globals.progress);
+    match cli.cmd {
+        NodeCmd::Mount(a) => mount(&cli.globals.socket, a),
+        NodeCmd::Umount(a) => umount(&cli.globals.socket, a),
+    }
+}
+
+fn mount(socket: &std::path::Path, a: MountArgs) -> Result<()> {
+    let reuse = match (a.resume, a.fresh) {
+        (true, _) => "resume",
+        (_, true) => "fresh",
+        _ => "refuse",
+    };
+    node::mount(
+        socket,
+        &a.image,
+        &a.sandbox,
+        a.upper.as_deref(),
+        reuse,
+        a.json,
+    )
+}
+
+fn umount(socket: &std::path::Path, a: UmountArgs) -> Result<()> {
+    node::umount(socket, &a.sandbox, a.purge, a.force)
+}
+
+// `strata mount`'s arguments (its help text is the `Cmd::Mount` variant's).
+#[derive(clap::Args)]
+pub struct MountArgs {
+    pub image: String,
+    #[arg(long, required = true)]
+    pub sandbox: Vec<String>,
+    /// Directory for the sandbox's upper and work directories (default: in stratad's state).
+    #[arg(long)]
+    pub upper: Option<PathBuf>,
+    /// The id has a stopped sandbox of the same image: continue with its upper directory.
+    #[arg(long, conflicts_with = "fresh")]
+    pub resume: bool,
+    /// The id has a stopped sandbox: delete its upper directory and start empty.
+    #[arg(long)]
+    pub fresh: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+// `strata umount`'s arguments (its help text is the `Cmd::Umount` variant's).
+#[derive(clap::Args)]
+pub struct UmountArgs {
+    /// Sandbox id (repeatable: several are stopped in one request).
+    #[arg(long, required = true)]
+    pub sandbox: Vec<String>,
+    /// Also delete its upper and work directories and its record (refused while processes run in
+    /// its rootfs, unless --force).
+    #[arg(long)]
+    pub purge: bool,
+    /// With --purge: even if processes still run in the rootfs.
+    #[arg(long, requires = "purge")]
+    pub force: bool,
 }
 
 #[derive(Subcommand)]
@@ -76,35 +169,9 @@ pub enum Cmd {
     Cat { reference: String, path: String },
     /// Mount an image for a sandbox through stratad; prints the rootfs path. Several --sandbox create
     /// several sandboxes of the image in one call (a burst at the control socket's rate), one line each.
-    Mount {
-        image: String,
-        #[arg(long, required = true)]
-        sandbox: Vec<String>,
-        /// Directory for the sandbox's upper and work directories (default: in stratad's state).
-        #[arg(long)]
-        upper: Option<PathBuf>,
-        /// The id has a stopped sandbox of the same image: continue with its upper directory.
-        #[arg(long, conflicts_with = "fresh")]
-        resume: bool,
-        /// The id has a stopped sandbox: delete its upper directory and start empty.
-        #[arg(long)]
-        fresh: bool,
-        #[arg(long)]
-        json: bool,
-    },
+    Mount(MountArgs),
     /// Stop a sandbox: remove its rootfs (its upper directory stays, for pack_diff or --resume, unless --purge).
-    Umount {
-        /// Sandbox id (repeatable: several are stopped in one request).
-        #[arg(long, required = true)]
-        sandbox: Vec<String>,
-        /// Also delete its upper and work directories and its record (refused while processes run in
-        /// its rootfs, unless --force).
-        #[arg(long)]
-        purge: bool,
-        /// With --purge: even if processes still run in the rootfs.
-        #[arg(long, requires = "purge")]
-        force: bool,
-    },
+    Umount(UmountArgs),
     /// Remove sandboxes for good: rootfs, upper and work directories, record.
     Rm {
         /// Sandbox ids (all removed in one request to stratad).
@@ -259,11 +326,11 @@ pub fn run(cli: Cli) -> Result<()> {
     let Some(cli) = run_node(cli)? else {
         return Ok(());
     };
-    let socket = &cli.socket;
+    let socket = &cli.globals.socket;
     let cmd = cli.cmd;
     // Only commands that add to a store create it; the rest need one that exists.
     let create = matches!(cmd, Cmd::Build(_) | Cmd::Import(_));
-    let store = open_store(&cli.store, cli.store_timeout, create)?;
+    let store = open_store(&cli.globals.store, cli.globals.store_timeout, create)?;
     match cmd {
         Cmd::Build(a) => layers::build(&store, a),
         Cmd::Compose(a) => compose::compose(&store, a),
@@ -278,7 +345,7 @@ pub fn run(cli: Cli) -> Result<()> {
         } => view::ls(&store, &reference, &path, json),
         Cmd::Cat { reference, path } => view::cat(&store, &reference, &path),
         Cmd::Import(a) => import::import(&store, a),
-        Cmd::Copy(a) => copy::copy(&store, a, cli.store_timeout),
+        Cmd::Copy(a) => copy::copy(&store, a, cli.globals.store_timeout),
         Cmd::Export(a) => export::export(&store, a),
         Cmd::Materialize { layer, dir } => layers::materialize(&store, &layer, &dir),
         Cmd::PackDiff(a) => snapshot::pack_diff(&store, socket, a),
@@ -287,10 +354,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Vm(a) => vm::vm(&store, socket, a),
         Cmd::Gc(a) => catalog::gc(&store, a),
         Cmd::Index(c) => index::index(&store, c),
-        Cmd::Mount { .. }
+        Cmd::Mount(_)
         | Cmd::Bundle { .. }
         | Cmd::Run(_)
-        | Cmd::Umount { .. }
+        | Cmd::Umount(_)
         | Cmd::Rm { .. }
         | Cmd::Daemon(_)
         | Cmd::Completions(_)
@@ -305,29 +372,11 @@ pub fn run(cli: Cli) -> Result<()> {
 /// `None` when it ran, else the command back. The lean `strata` binary links only this half
 /// ([`crate::lean_main`]): a node agent's `strata mount` does not load the builder's libraries.
 pub fn run_node(cli: Cli) -> Result<Option<Cli>> {
-    progress::set_mode(cli.progress);
-    let socket = &cli.socket;
+    progress::set_mode(cli.globals.progress);
+    let socket = &cli.globals.socket;
     match cli.cmd {
-        Cmd::Mount {
-            image,
-            sandbox,
-            upper,
-            resume,
-            fresh,
-            json,
-        } => {
-            let reuse = match (resume, fresh) {
-                (true, _) => "resume",
-                (_, true) => "fresh",
-                _ => "refuse",
-            };
-            node::mount(socket, &image, &sandbox, upper.as_deref(), reuse, json).map(|()| None)
-        }
-        Cmd::Umount {
-            sandbox,
-            purge,
-            force,
-        } => node::umount(socket, &sandbox, purge, force).map(|()| None),
+        Cmd::Mount(a) => mount(socket, a).map(|()| None),
+        Cmd::Umount(a) => umount(socket, a).map(|()| None),
         Cmd::Rm {
             sandboxes,
             stopped,
@@ -353,5 +402,56 @@ pub fn run_node(cli: Cli) -> Result<Option<Cli>> {
         Cmd::Login(a) => registry::login(a).map(|()| None),
         Cmd::Logout { registry } => registry::logout(&registry).map(|()| None),
         cmd => Ok(Some(Cli { cmd, ..cli })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(args: &[&str]) -> Option<NodeCli> {
+        NodeCli::try_parse_from(args).ok()
+    }
+
+    #[test]
+    fn the_lean_parser_takes_mount_and_umount_as_the_full_one_does() {
+        let argv = [
+            "strata",
+            "--socket",
+            "/s",
+            "mount",
+            "img:v1",
+            "--sandbox",
+            "a",
+        ];
+        let lean = node(&argv).expect("mount");
+        let NodeCmd::Mount(m) = lean.cmd else {
+            panic!("not a mount")
+        };
+        let Cmd::Mount(full) = Cli::try_parse_from(argv).expect("full").cmd else {
+            panic!("not a mount")
+        };
+        assert_eq!((&m.image, &m.sandbox), (&full.image, &full.sandbox));
+        assert_eq!(lean.globals.socket, PathBuf::from("/s"));
+        // Global options after the command, as the full parser allows.
+        let after =
+            node(&["strata", "umount", "--sandbox", "a", "--socket", "/t"]).expect("umount");
+        assert_eq!(after.globals.socket, PathBuf::from("/t"));
+    }
+
+    #[test]
+    fn everything_else_is_left_to_the_full_parser() {
+        for argv in [
+            &["strata", "--help"][..],
+            &["strata", "--version"],
+            &["strata", "mount", "--help"],
+            &["strata", "mount", "img"],
+            &["strata", "umount", "--sandbox", "a", "--force"],
+            &["strata", "ps"],
+            &["strata", "build", "."],
+            &["strata"],
+        ] {
+            assert!(node(argv).is_none(), "{argv:?}");
+        }
     }
 }
