@@ -138,10 +138,10 @@ impl PieceCheck {
 
 /// `toc` as units: a table of contents whose chunks are the blob's chunks stored whole and the pieces of
 /// its pieced chunks (each named by its key, in its own frame), and for each unit its piece check
-/// (`None` for a whole chunk). A blob without pieces comes back unchanged, with no checks.
-pub fn units(toc: &Toc) -> (Toc, Vec<Option<PieceCheck>>) {
+/// (`None` for a whole chunk). A blob without pieces comes back as it is (not copied), with no checks.
+pub fn units(toc: Toc) -> (Toc, Vec<Option<PieceCheck>>) {
     if toc.pieces.is_empty() {
-        return (toc.clone(), Vec::new());
+        return (toc, Vec::new());
     }
     let mut chunks = Vec::with_capacity(toc.chunks.len() + toc.pieces.len());
     let mut checks = Vec::with_capacity(chunks.capacity());
@@ -169,7 +169,7 @@ pub fn units(toc: &Toc) -> (Toc, Vec<Option<PieceCheck>>) {
         }
     }
     let unit_toc = Toc {
-        frames: toc.frames.clone(),
+        frames: toc.frames,
         chunks,
         view_blocks: toc.view_blocks,
         ..Toc::default()

@@ -522,7 +522,7 @@ mod tests {
         assert_eq!(back, t);
         assert_eq!(back.frames_of(0), 0..4);
         assert_eq!(back.frames_of(1), 4..5);
-        let (units, checks) = pieces::units(&back);
+        let (units, checks) = pieces::units(back.clone());
         assert_eq!(units.chunks.len(), 6);
         assert_eq!(checks.iter().filter(|c| c.is_some()).count(), 4);
         for (u, check) in units.chunks.iter().zip(&checks).take(4) {

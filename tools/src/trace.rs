@@ -202,7 +202,7 @@ fn plan_bytes(store: &Store, layers: &[LayerDescriptor], plan: &Plan) -> Result<
                 continue;
             }
             // Plans name units: a pieced chunk's pieces.
-            let (toc, _) = strata_registry::pieces::units(&store.get_toc(b)?);
+            let (toc, _) = strata_registry::pieces::units(store.get_toc(b)?);
             sizes.insert(
                 b.digest,
                 toc.chunks

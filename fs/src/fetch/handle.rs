@@ -36,7 +36,7 @@ impl BlobHandle {
 
     /// A blob whose table of contents the caller has verified (e.g. kept in the node's state).
     pub fn new(blob: &BlobRef, toc: Toc) -> BlobHandle {
-        let (toc, checks) = pieces::units(&toc);
+        let (toc, checks) = pieces::units(toc);
         BlobHandle {
             toc,
             checks,
