@@ -62,6 +62,17 @@ fn sandboxes_share_layers_and_run_bwrap_and_runc() {
     // The status keeps the last scrub's report (what the daily one found, for an operator).
     let status = json(&d.ok(&["daemon", "status"]));
     assert_eq!(status["scrub"], scrub, "{status}");
+    // Scrubs asked for at once run one at a time, each answering a whole report.
+    let both: Vec<serde_json::Value> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| json(&d.ok(&["daemon", "scrub", "--json"]))))
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("scrub")).collect()
+    });
+    for r in &both {
+        assert_eq!(r["bad"].as_u64(), Some(0), "{r}");
+        assert!(r["chunks"].as_u64() >= scrub["chunks"].as_u64(), "{r}");
+    }
     // Charged to sb1, whose process read (file and fuse modes: the FUSE request carries its pid); in
     // loop mode the kernel's loop workers read, so the misses are the node's unattributed fetches
     // (docs/API.md, fetched_unattributed).

@@ -202,6 +202,8 @@ pub struct Daemon {
     pub(crate) views: Option<Arc<crate::fanotify::Server>>,
     /// The last scrub's report, with when it ended (`GET /v1/status`'s `scrub`).
     pub(crate) last_scrub: Mutex<Option<serde_json::Value>>,
+    /// Held while a scrub runs: a scrub asked for meanwhile waits for it and answers its report.
+    pub(crate) scrubbing: Mutex<()>,
 }
 
 pub(crate) fn valid_id(id: &str) -> bool {
@@ -363,6 +365,7 @@ impl Daemon {
             trees: Trees::new(kept),
             views,
             last_scrub: Mutex::new(None),
+            scrubbing: Mutex::new(()),
         });
         // Every running sandbox's blobs are registered before the first request is read.
         d.restore()?;

@@ -166,6 +166,24 @@ impl Daemon {
     /// but the kernel reads view files unchecked, and a scrub finds rot while the store is still there
     /// to mend it.
     pub(crate) fn scrub(&self) -> serde_json::Value {
+        // One scrub at a time: one asked for while another runs (the daily one, another client's)
+        // waits for it and answers its report instead of reading everything again.
+        let _running = match self.scrubbing.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                let g = self.scrubbing.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(report) = self
+                    .last_scrub
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+                {
+                    return report;
+                }
+                g
+            }
+        };
         let t = std::time::Instant::now();
         let cache = self.fetcher.cache().scrub();
         let (files, views) = match &self.views {
