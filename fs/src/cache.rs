@@ -735,6 +735,16 @@ impl ChunkCache {
 
     /// Inserts a chunk whose bytes the caller has verified against `d`, then evicts down to the bound.
     pub fn insert(&self, d: &Digest, bytes: &[u8]) -> Result<(), CacheError> {
+        self.put(d, bytes, None)
+    }
+
+    /// [`Self::insert`] of bytes already shared: the in-memory copy of verified chunks keeps this
+    /// allocation itself rather than a copy (a megabyte per chunk, on a miss's path).
+    pub fn insert_shared(&self, d: &Digest, bytes: &Arc<[u8]>) -> Result<(), CacheError> {
+        self.put(d, bytes, Some(bytes))
+    }
+
+    fn put(&self, d: &Digest, bytes: &[u8], shared: Option<&Arc<[u8]>>) -> Result<(), CacheError> {
         if self.contains(d) {
             return Ok(());
         }
@@ -776,7 +786,8 @@ impl ChunkCache {
         let cap = self.capacity;
         self.evict(&mut st, cap);
         // Readers that waited for this chunk's fetch find it in memory, verified by the caller.
-        self.heat(&mut st, d, Arc::from(bytes));
+        let hot = shared.map_or_else(|| Arc::from(bytes), Arc::clone);
+        self.heat(&mut st, d, hot);
         Ok(())
     }
 }

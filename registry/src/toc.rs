@@ -391,22 +391,37 @@ thread_local! {
 
 /// Decompresses a frame that must hold exactly `len` bytes (on this thread's reused context).
 pub fn decompress(frame: &[u8], len: usize) -> Result<Vec<u8>, FrameError> {
+    let mut out = vec![0u8; len];
+    decompress_into(frame, &mut out)?;
+    Ok(out)
+}
+
+/// [`decompress`] straight into a shared allocation: what a node keeps in memory and hands to readers
+/// is then the decompressed buffer itself, not a copy of it (a `Vec` turned into an `Arc<[u8]>` is
+/// copied: a megabyte per chunk, and its page faults).
+pub fn decompress_shared(frame: &[u8], len: usize) -> Result<std::sync::Arc<[u8]>, FrameError> {
+    let mut out: std::sync::Arc<[u8]> = std::iter::repeat_n(0u8, len).collect();
+    // A new allocation has no other owner: `make_mut` hands it out without copying.
+    decompress_into(frame, std::sync::Arc::make_mut(&mut out))?;
+    Ok(out)
+}
+
+/// Decompresses a frame that must fill `out` exactly.
+fn decompress_into(frame: &[u8], out: &mut [u8]) -> Result<(), FrameError> {
+    let len = out.len();
     let zstd_error = |source| FrameError::Zstd { len, source };
-    let out = DCTX.with(|cell| {
+    let got = DCTX.with(|cell| {
         let mut slot = cell.borrow_mut();
         let dctx = match slot.as_mut() {
             Some(d) => d,
             None => slot.insert(zstd::bulk::Decompressor::new().map_err(zstd_error)?),
         };
-        dctx.decompress(frame, len).map_err(zstd_error)
+        dctx.decompress_to_buffer(frame, out).map_err(zstd_error)
     })?;
-    if out.len() != len {
-        return Err(FrameError::Length {
-            got: out.len(),
-            expected: len,
-        });
+    if got != len {
+        return Err(FrameError::Length { got, expected: len });
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Takes chunk `c` out of its decompressed frame and checks its digest.

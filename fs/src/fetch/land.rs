@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use strata_registry::toc::{decompress, verified_chunk, FrameError};
+use strata_registry::toc::{decompress, decompress_shared, verified_chunk, FrameError};
 
 use super::{BlobHandle, ChunkHome, ChunkResult, FetchError, Fetcher};
 
@@ -39,9 +39,12 @@ impl Fetcher {
             let f = c.frame as usize;
             let chunk = if c.frame_offset == 0 && c.len == toc.frames[f].uncompressed {
                 // A frame of this chunk alone (every chunk but tiny ones): its decompressed bytes
-                // are the chunk's, kept as they are rather than copied out of the frame.
+                // are the chunk's, decompressed into the allocation readers and the cache share.
                 // A piece is checked against its chaining value too: that ties it to its chunk.
-                raw(f)
+                let fr = &toc.frames[f];
+                let lo = (fr.offset - start) as usize;
+                let z = bytes.get(lo..lo + fr.compressed as usize).unwrap_or(&[]);
+                decompress_shared(z, fr.uncompressed as usize)
                     .ok()
                     .filter(|b| c.digest.matches(b) && blob.piece_ok(j, b))
             } else {
@@ -49,14 +52,14 @@ impl Fetcher {
                     Ok(fb) => verified_chunk(c, fb)
                         .ok()
                         .filter(|b| blob.piece_ok(j, b))
-                        .map(<[u8]>::to_vec),
+                        .map(Arc::<[u8]>::from),
                     Err(_) => None,
                 }
             };
             if let Some(b) = &chunk {
                 self.keep(blob, home.as_deref(), j, b);
             }
-            out.push(chunk.map(Arc::new).ok_or(FetchError::Corrupt {
+            out.push(chunk.ok_or(FetchError::Corrupt {
                 blob: blob.blob.digest,
                 chunk: c.digest,
             }));
@@ -67,11 +70,11 @@ impl Fetcher {
     /// Keeps verified chunk `j` of `blob`: in its home if it can take it, else in the cache. A cache
     /// that cannot take the chunk (a full disk) costs a later refetch, not this read: the bytes are
     /// verified and at hand.
-    fn keep(&self, blob: &BlobHandle, home: Option<&dyn ChunkHome>, j: usize, b: &[u8]) {
+    fn keep(&self, blob: &BlobHandle, home: Option<&dyn ChunkHome>, j: usize, b: &Arc<[u8]>) {
         if home.is_some_and(|h| h.take(j, b)) {
             return;
         }
-        if let Err(e) = self.cache.insert(&blob.toc.chunks[j].digest, b) {
+        if let Err(e) = self.cache.insert_shared(&blob.toc.chunks[j].digest, b) {
             self.metrics.error("cache");
             tracing::warn!(error = %e, "chunk not cached; served from memory");
         }

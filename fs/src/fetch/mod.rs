@@ -56,7 +56,7 @@ pub enum ChunkBytes {
     /// Checked against its digest when read from the cache (see [`crate::cache`]).
     Cached(Verified),
     /// Fetched but not (or no longer) in the cache, e.g. a cache smaller than a chunk.
-    Memory(Arc<Vec<u8>>),
+    Memory(Arc<[u8]>),
     /// Chunk `.1` kept by its blob's home ([`ChunkHome`]), not in the cache.
     Home(Arc<dyn ChunkHome>, usize),
 }
@@ -108,7 +108,7 @@ fn ahead_from(ahead: usize, i: usize, end: usize) -> usize {
 }
 
 /// One fetched chunk, or why it could not be had.
-type ChunkResult = Result<Arc<Vec<u8>>, FetchError>;
+type ChunkResult = Result<Arc<[u8]>, FetchError>;
 
 struct Flight {
     done: Mutex<Outcome>,
