@@ -64,6 +64,35 @@ impl Kit {
         self.pieced_blob(chunks, 0, None)
     }
 
+    /// Stores a blob of `chunks` compressed together in one frame (a group frame, as builds store small
+    /// files) and opens it.
+    pub fn group_blob(&self, chunks: &[Vec<u8>]) -> (BlobHandle, String) {
+        let all = chunks.concat();
+        let z = compress(&all, 3);
+        let mut toc = Toc {
+            frames: vec![Frame {
+                offset: 0,
+                compressed: z.len() as u32,
+                uncompressed: all.len() as u32,
+            }],
+            ..Toc::default()
+        };
+        let (mut block, mut at) = (0u64, 0u32);
+        for c in chunks {
+            toc.chunks.push(ChunkEntry {
+                block: block as u32,
+                len: c.len() as u32,
+                frame: 0,
+                frame_offset: at,
+                digest: Digest::of(c),
+            });
+            block += (c.len() as u64).div_ceil(BLOCK_SIZE);
+            at += c.len() as u32;
+        }
+        toc.view_blocks = block;
+        self.store_blob(z, &toc, chunks.len())
+    }
+
     /// Stores a blob of `chunks`, those longer than `piece_size` in pieces (0: none), and opens it.
     /// `forged`: (chunk, piece, bytes) stores those bytes as that piece, named by their own key in the
     /// table of contents but keeping the true piece's chaining value — a blob whose keys lie.
@@ -113,17 +142,22 @@ impl Kit {
             block += (c.len() as u64).div_ceil(BLOCK_SIZE);
         }
         toc.view_blocks = block;
+        self.store_blob(obj, &toc, chunks.len())
+    }
+
+    /// Stores `obj` (the frames) with `toc` appended as a blob and opens it.
+    fn store_blob(&self, mut obj: Vec<u8>, toc: &Toc, chunks: usize) -> (BlobHandle, String) {
         let t = toc.encode();
         let toc_offset = obj.len() as u64;
         obj.extend_from_slice(&t);
         let r = BlobRef {
             digest: Digest::of(&obj),
             size: obj.len() as u64,
-            view_size: block * BLOCK_SIZE,
+            view_size: toc.view_blocks * BLOCK_SIZE,
             toc_offset,
             toc_len: t.len() as u64,
             toc_digest: Digest::of(&t),
-            chunks: chunks.len() as u64,
+            chunks: chunks as u64,
         };
         let k = key::blob(&r.digest);
         self.mem

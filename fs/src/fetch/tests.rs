@@ -435,3 +435,30 @@ fn followers_of_every_miss_run_on_one_reused_thread() {
         "one thread for {misses} misses' followers"
     );
 }
+
+#[test]
+fn a_miss_in_a_group_frame_keeps_every_missing_chunk_of_the_frame() {
+    let kit = Kit::new(Duration::from_secs(5));
+    let small: Vec<Vec<u8>> = (0..4)
+        .map(|n| bytes(3000 + n * 500, 40 + n as u64))
+        .collect();
+    let (blob, k) = kit.group_blob(&small);
+    let blob = Arc::new(blob);
+    kit.faults.reset_counts();
+    // The third file is read first: the frame brings the ones before it too, not only the one after.
+    let got = kit.fetcher.chunk(&blob, 2).expect("chunk 2");
+    assert_eq!(read(&got, small[2].len()), small[2]);
+    for (j, want) in small.iter().enumerate() {
+        let c = kit.fetcher.cached(&blob, j).expect("lookup");
+        assert_eq!(
+            read(&c.expect("kept with the frame"), want.len()),
+            *want,
+            "chunk {j}"
+        );
+    }
+    assert_eq!(
+        kit.faults.calls(Op::GetRange, &k),
+        1,
+        "one fetch of the frame"
+    );
+}
