@@ -68,7 +68,8 @@ struct Args {
     /// over a network].
     #[arg(long, value_name = "SIZE")]
     max_fetch_span: Option<String>,
-    /// Compressed bytes before a miss also fetched, in the background, e.g. 1M [default: 0, none].
+    /// Compressed bytes before a miss also fetched, in the background, e.g. 1M, 0 for none [default:
+    /// none from a file:// store, 1M over a network].
     #[arg(long, value_name = "SIZE")]
     max_fetch_behind: Option<String>,
     /// Compressed bytes of a missing file's directory (its other files of at most 256 KiB) also
@@ -166,7 +167,7 @@ fn load(args: &Args) -> Result<Config> {
         c.max_fetch_span = Some(parse_size(s)?);
     }
     if let Some(s) = &args.max_fetch_behind {
-        c.max_fetch_behind = parse_size(s)?;
+        c.max_fetch_behind = Some(parse_size(s)?);
     }
     if let Some(s) = &args.max_fetch_group {
         c.max_fetch_group = parse_size(s)?;

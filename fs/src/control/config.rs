@@ -30,9 +30,10 @@ pub struct Config {
     /// parallel request). `None`: [`default_fetch_span`] for the store.
     #[serde(deserialize_with = "crate::size::deserialize_opt")]
     pub max_fetch_span: Option<u64>,
-    /// Compressed bytes before a miss fetched with it in the background (0: none, the default).
-    #[serde(deserialize_with = "crate::size::deserialize")]
-    pub max_fetch_behind: u64,
+    /// Compressed bytes before a miss fetched with it in the background (0: none). `None`:
+    /// [`default_fetch_behind`] for the store.
+    #[serde(deserialize_with = "crate::size::deserialize_opt")]
+    pub max_fetch_behind: Option<u64>,
     /// Compressed bytes of a miss's directory group (its directory's small files, see
     /// [`crate::groups`]) fetched with it in the background (0: none, the default).
     #[serde(deserialize_with = "crate::size::deserialize")]
@@ -75,7 +76,7 @@ impl Default for Config {
             read_timeout_secs: 30.0,
             store_timeout_secs: 60.0,
             max_fetch_span: None,
-            max_fetch_behind: 0,
+            max_fetch_behind: None,
             max_fetch_group: 0,
             fuse_threads: 8,
             group: None,
@@ -103,7 +104,34 @@ pub fn default_fetch_span(store: &str) -> u64 {
     }
 }
 
+/// What a miss fetches behind it when nothing is configured. Over a network, 1 MiB: programs read a
+/// package's files and a library's pages in another order than the blob's, and each read behind a miss
+/// would be another round trip (the fat image's cold import over the 20 ms / 1 Gbit/s link: 1.706 ->
+/// 1.506 s, for 17 % more bytes over the link; 2 MiB: 1.489 s for 34 % more). From a local directory, none:
+/// fetching there costs CPU, not round trips. See BENCHMARKS.md, "Eighth session".
+pub fn default_fetch_behind(store: &str) -> u64 {
+    match is_local_store(store) {
+        true => 0,
+        false => 1 << 20,
+    }
+}
+
 /// A `file://` store: no round trip per request, fetching costs CPU only.
 pub(crate) fn is_local_store(store: &str) -> bool {
     store.starts_with("file://")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fetch_defaults_follow_the_store() {
+        assert_eq!(default_fetch_span("file:///var/lib/strata/store"), 256 << 10);
+        assert_eq!(default_fetch_span("s3://bucket/prefix"), 2 << 20);
+        assert_eq!(default_fetch_behind("file:///mnt/cephfs/store"), 0);
+        assert_eq!(default_fetch_behind("s3://bucket/prefix"), 1 << 20);
+        let c = Config::default();
+        assert_eq!((c.max_fetch_span, c.max_fetch_behind), (None, None));
+    }
 }

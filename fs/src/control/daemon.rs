@@ -51,7 +51,7 @@ use crate::warming::Warming;
 pub use crate::control::state::{Sandbox, SandboxState};
 
 use super::config::is_local_store;
-pub use super::config::{default_fetch_span, Config};
+pub use super::config::{default_fetch_behind, default_fetch_span, Config};
 
 /// Errors of daemon operations.
 #[derive(Debug, thiserror::Error)]
@@ -310,7 +310,9 @@ impl Daemon {
                 .unwrap_or_else(|| default_fetch_span(&config.store)),
             deadline,
         );
-        fetcher.max_behind = config.max_fetch_behind;
+        fetcher.max_behind = config
+            .max_fetch_behind
+            .unwrap_or_else(|| default_fetch_behind(&config.store));
         fetcher.max_group = config.max_fetch_group;
         let fetcher = Arc::new(fetcher);
         let table = Arc::new(BlobTable::default());
