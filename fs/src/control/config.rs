@@ -127,7 +127,10 @@ mod tests {
 
     #[test]
     fn fetch_defaults_follow_the_store() {
-        assert_eq!(default_fetch_span("file:///var/lib/strata/store"), 256 << 10);
+        assert_eq!(
+            default_fetch_span("file:///var/lib/strata/store"),
+            256 << 10
+        );
         assert_eq!(default_fetch_span("s3://bucket/prefix"), 2 << 20);
         assert_eq!(default_fetch_behind("file:///mnt/cephfs/store"), 0);
         assert_eq!(default_fetch_behind("s3://bucket/prefix"), 1 << 20);
