@@ -112,14 +112,13 @@ fn subtree(cvs: &[ChainingValue], len: u64, size: u64, root: bool) -> ChainingVa
     }
 }
 
-/// Whether `pieces` (of `size` bytes, the last one shorter) of a chunk of `len` bytes combine into the
-/// chunk's `digest`.
-pub fn chunk_matches(digest: &Digest, len: u32, size: u32, pieces: &[Piece]) -> bool {
-    if pieces.len() != count(len, size) || pieces.len() < 2 {
+/// Whether the chaining values `cvs` of the pieces (of `size` bytes, the last one shorter) of a chunk of
+/// `len` bytes combine into the chunk's `digest`.
+pub fn chunk_matches(digest: &Digest, len: u32, size: u32, cvs: &[ChainingValue]) -> bool {
+    if cvs.len() != count(len, size) || cvs.len() < 2 {
         return false;
     }
-    let cvs: Vec<ChainingValue> = pieces.iter().map(|p| p.cv).collect();
-    subtree(&cvs, u64::from(len), u64::from(size), true) == digest.0
+    subtree(cvs, u64::from(len), u64::from(size), true) == digest.0
 }
 
 /// What checks a unit's bytes besides its key: a piece's chaining value and offset in its chunk.
@@ -188,14 +187,15 @@ mod tests {
             .collect()
     }
 
-    fn pieces(d: &[u8], size: u32) -> Vec<Piece> {
-        cut(d, size).into_iter().map(|(_, p)| p).collect()
+    /// The chaining values of `d`'s pieces.
+    fn cvs(d: &[u8], size: u32) -> Vec<ChainingValue> {
+        cut(d, size).into_iter().map(|(_, p)| p.cv).collect()
     }
 
     #[test]
     fn a_megabyte_chunk_in_64k_pieces_matches_its_digest() {
         let d = data(1 << 20, 7);
-        let ps = pieces(&d, PIECE_SIZE);
+        let ps = cvs(&d, PIECE_SIZE);
         assert_eq!(ps.len(), 16);
         assert!(chunk_matches(
             &Digest::of(&d),
@@ -209,20 +209,20 @@ mod tests {
     fn a_wrong_piece_or_order_does_not_match() {
         let d = data(300_000, 1);
         let digest = Digest::of(&d);
-        let mut ps = pieces(&d, PIECE_SIZE);
+        let mut ps = cvs(&d, PIECE_SIZE);
         ps.swap(0, 1);
         assert!(!chunk_matches(&digest, d.len() as u32, PIECE_SIZE, &ps));
         ps.swap(0, 1);
-        ps[4].cv[0] ^= 1;
+        ps[4][0] ^= 1;
         assert!(!chunk_matches(&digest, d.len() as u32, PIECE_SIZE, &ps));
-        ps[4].cv[0] ^= 1;
+        ps[4][0] ^= 1;
         // A length claimed one byte short still combines (the tree's shape is the same): the length is
         // proved when the last piece's bytes are checked against its chaining value, which covers them.
         assert!(chunk_matches(&digest, d.len() as u32 - 1, PIECE_SIZE, &ps));
         let last = cut(&d, PIECE_SIZE).pop().expect("pieces").0;
         let short = &d[last.start..last.end - 1];
         let check = PieceCheck {
-            cv: ps[4].cv,
+            cv: ps[4],
             offset: last.start as u64,
         };
         assert!(!check.matches(short));
@@ -267,7 +267,7 @@ mod tests {
                 prop_assert!(check.matches(&d[r.clone()]));
                 prop_assert!(p.key.matches(&d[r.clone()]));
             }
-            let ps: Vec<Piece> = cut.into_iter().map(|(_, p)| p).collect();
+            let ps: Vec<ChainingValue> = cut.into_iter().map(|(_, p)| p.cv).collect();
             prop_assert!(chunk_matches(&Digest::of(&d), len as u32, size, &ps));
         }
     }

@@ -307,8 +307,8 @@ impl Toc {
         if c.frame_offset != 0 || !sizes_fit {
             return Err(M("pieces do not fill frames of their own"));
         }
-        let ps: Vec<Piece> = pieces.iter().map(|(_, p)| *p).collect();
-        if !pieces::chunk_matches(&c.digest, c.len, size, &ps) {
+        let cvs: Vec<_> = pieces.iter().map(|(_, p)| p.cv).collect();
+        if !pieces::chunk_matches(&c.digest, c.len, size, &cvs) {
             return Err(M("pieces do not combine into their chunk's digest"));
         }
         Ok(())

@@ -80,11 +80,7 @@ pub fn run_node_cmd(cli: NodeCli) -> Result<()> {
 }
 
 fn mount(socket: &std::path::Path, a: MountArgs) -> Result<()> {
-    let reuse = match (a.resume, a.fresh) {
-        (true, _) => "resume",
-        (_, true) => "fresh",
-        _ => "refuse",
-    };
+    let reuse = node::reuse(a.resume, a.fresh);
     node::mount(
         socket,
         &a.image,

@@ -25,6 +25,16 @@ fn client(socket: &Path) -> Client {
 /// `strata mount`: creates a sandbox of `image` for each id, in order, and prints each rootfs path (or,
 /// with `json_out`, each sandbox as a JSON line). Stops at the first failure; the sandboxes created before
 /// it stay (and were printed).
+/// The `reuse` a sandbox request asks for, from `--resume` and `--fresh` (`mount`, `vm`): what to do
+/// with a stopped sandbox of the same id.
+pub fn reuse(resume: bool, fresh: bool) -> &'static str {
+    match (resume, fresh) {
+        (true, _) => "resume",
+        (_, true) => "fresh",
+        _ => "refuse",
+    }
+}
+
 pub fn mount(
     socket: &Path,
     image: &str,

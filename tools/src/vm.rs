@@ -98,11 +98,7 @@ pub fn vm(store: &Store, socket: &Path, a: VmArgs) -> Result<()> {
         "kind": "vm",
         "image": image_ref,
         "id": a.sandbox,
-        "reuse": match (a.resume, a.fresh) {
-            (true, _) => "resume",
-            (_, true) => "fresh",
-            _ => "refuse",
-        },
+        "reuse": crate::node::reuse(a.resume, a.fresh),
     });
     if let Some(s) = &a.scratch_size {
         body["scratch_size"] = json!(s);

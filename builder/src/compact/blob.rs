@@ -44,15 +44,19 @@ impl Writer {
     fn frame(&mut self, data: &[u8], chunks: Vec<(u32, ChunkEntry)>) -> Result<(), BuildError> {
         let frame = [(toc::compress(data, self.level), data.len() as u32)];
         let index = append_frames(&mut self.out, &mut self.toc, &frame)?;
-        for (old, mut c) in chunks {
-            let block = u32::try_from(self.toc.view_blocks)
-                .map_err(|_| BuildError::Option("blob view larger than 16 TiB".into()))?;
-            c.block = block;
-            c.frame = index;
-            self.blocks.insert(old, block);
-            self.toc.view_blocks += (c.len as u64).div_ceil(BLOCK_SIZE);
-            self.toc.chunks.push(c);
+        for (old, c) in chunks {
+            self.place(old, ChunkEntry { frame: index, ..c })?;
         }
+        Ok(())
+    }
+
+    /// Puts chunk `c` (old view block `old`) at the end of the new blob's view.
+    fn place(&mut self, old: u32, c: ChunkEntry) -> Result<(), BuildError> {
+        let block = u32::try_from(self.toc.view_blocks)
+            .map_err(|_| BuildError::Option("blob view larger than 16 TiB".into()))?;
+        self.blocks.insert(old, block);
+        self.toc.view_blocks += (c.len as u64).div_ceil(BLOCK_SIZE);
+        self.toc.chunks.push(ChunkEntry { block, ..c });
         Ok(())
     }
 
@@ -69,21 +73,16 @@ impl Writer {
     fn pieced(&mut self, c: &ChunkEntry, bytes: &[u8]) -> Result<(), BuildError> {
         let (frames, pieces) = compress_chunk(bytes, self.level, self.toc.piece_size);
         let frame = append_frames(&mut self.out, &mut self.toc, &frames)?;
-        let block = u32::try_from(self.toc.view_blocks)
-            .map_err(|_| BuildError::Option("blob view larger than 16 TiB".into()))?;
         let index = self.toc.chunks.len() as u32;
         self.toc
             .pieces
             .extend(pieces.into_iter().map(|p| (index, p)));
-        self.blocks.insert(c.block, block);
-        self.toc.view_blocks += (c.len as u64).div_ceil(BLOCK_SIZE);
-        self.toc.chunks.push(ChunkEntry {
-            block,
+        let entry = ChunkEntry {
             frame,
             frame_offset: 0,
             ..*c
-        });
-        Ok(())
+        };
+        self.place(c.block, entry)
     }
 
     fn add(&mut self, c: &ChunkEntry, bytes: &[u8]) -> Result<(), BuildError> {

@@ -27,11 +27,12 @@ impl Fetcher {
         let toc = &blob.toc;
         let home = blob.home();
         let mut frames: HashMap<usize, Result<Vec<u8>, FrameError>> = HashMap::new();
-        let raw = |f: usize| {
+        // Frame `f`'s compressed bytes in the fetched range, and its decompressed length.
+        let frame = |f: usize| {
             let fr = &toc.frames[f];
             let lo = (fr.offset - start) as usize;
-            let raw = bytes.get(lo..lo + fr.compressed as usize).unwrap_or(&[]);
-            decompress(raw, fr.uncompressed as usize)
+            let z = bytes.get(lo..lo + fr.compressed as usize).unwrap_or(&[]);
+            (z, fr.uncompressed as usize)
         };
         let mut out = Vec::with_capacity(claimed.len());
         for &j in claimed {
@@ -41,14 +42,15 @@ impl Fetcher {
                 // A frame of this chunk alone (every chunk but tiny ones): its decompressed bytes
                 // are the chunk's, decompressed into the allocation readers and the cache share.
                 // A piece is checked against its chaining value too: that ties it to its chunk.
-                let fr = &toc.frames[f];
-                let lo = (fr.offset - start) as usize;
-                let z = bytes.get(lo..lo + fr.compressed as usize).unwrap_or(&[]);
-                decompress_shared(z, fr.uncompressed as usize)
+                let (z, len) = frame(f);
+                decompress_shared(z, len)
                     .ok()
                     .filter(|b| c.digest.matches(b) && blob.piece_ok(j, b))
             } else {
-                match frames.entry(f).or_insert_with(|| raw(f)) {
+                match frames.entry(f).or_insert_with(|| {
+                    let (z, len) = frame(f);
+                    decompress(z, len)
+                }) {
                     Ok(fb) => verified_chunk(c, fb)
                         .ok()
                         .filter(|b| blob.piece_ok(j, b))

@@ -450,10 +450,7 @@ impl Fetcher {
             // more for reading back within its chunk.
             if max_span > 0 {
                 let start = blob.chunk_start(i);
-                behind.extend(
-                    (start..i)
-                        .filter(|&j| !inflight.contains_key(&toc.chunks[j].digest) && !present(j)),
-                );
+                behind.extend((start..i).filter(|&j| !taken(j)));
                 behind.sort_unstable();
                 behind.dedup();
             }
