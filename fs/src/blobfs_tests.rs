@@ -81,6 +81,8 @@ fn a_partly_cached_read_goes_on_where_the_cache_ends() {
     let ino = blob_ino(&blob.blob.digest);
     let blob = Arc::new(blob);
     kit.fetcher.chunk(&blob, 0).expect("warm chunk 0");
+    // Kept (and the blob let go) on a worker after the fetch answered.
+    crate::testkit::wait_until("chunk 0 kept", || Arc::strong_count(&blob) == 1);
     let table = Arc::new(BlobTable::default());
     table
         .add(Arc::try_unwrap(blob).ok().expect("sole owner"))

@@ -168,6 +168,19 @@ impl Kit {
     }
 }
 
+/// Waits (up to 10 s, else fails the test) until `ok`: for what background work does, such as the
+/// fetcher keeping a leader's frame after the leader answered.
+pub fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(
+            std::time::Instant::now() < end,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// `n` bytes of a repeatable pattern that compresses poorly.
 pub fn bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;

@@ -142,6 +142,12 @@ impl Workers {
         let st = self.shared.lock();
         (st.threads, st.idle)
     }
+
+    /// Whether every job given to the pool has run to its end (none queued, every thread idle).
+    pub fn quiet(&self) -> bool {
+        let st = self.shared.lock();
+        st.jobs.is_empty() && st.idle == st.threads
+    }
 }
 
 impl Default for Workers {
@@ -191,16 +197,9 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::wait_until;
     use std::sync::mpsc;
     use std::time::Instant;
-
-    fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-        let end = Instant::now() + Duration::from_secs(10);
-        while !ok() {
-            assert!(Instant::now() < end, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
 
     #[test]
     fn jobs_run_one_after_another_on_one_thread() {

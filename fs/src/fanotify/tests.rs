@@ -417,7 +417,9 @@ fn a_view_file_is_its_blobs_only_cache() {
     drop((view, kept));
     assert!(h.home().is_none());
     kit.fetcher.chunk(&h, 0).expect("fetched again");
-    assert!(kit.fetcher.cache().contains(&h.toc.chunks[0].digest));
+    crate::testkit::wait_until("kept in the cache", || {
+        kit.fetcher.cache().contains(&h.toc.chunks[0].digest)
+    });
     s.stop();
 }
 

@@ -92,7 +92,8 @@ impl ChunkBytes {
     }
 }
 
-type Outcome = Option<Result<(), FetchError>>;
+/// How a flight ended: the chunk's verified bytes, or why there are none (`None`: not yet).
+type Outcome = Option<ChunkResult>;
 
 /// Chunks read ahead of a sequential read from the cache (see [`Fetcher::read_ahead`]).
 pub const READ_AHEAD: usize = 8;
@@ -124,6 +125,13 @@ impl Flight {
             .wait_timeout_while(guard, left, |d| d.is_none())
             .unwrap_or_else(|p| p.into_inner());
         guard.clone()
+    }
+
+    /// Ends the flight with `outcome`, waking its readers.
+    fn end(&self, outcome: ChunkResult) {
+        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        *d = Some(outcome);
+        self.cv.notify_all();
     }
 }
 
@@ -329,7 +337,7 @@ impl Fetcher {
             return Ok(None);
         };
         match flight.wait(self.deadline) {
-            Some(Ok(())) => self.cached(blob, i),
+            Some(Ok(bytes)) => Ok(Some(ChunkBytes::Memory(bytes))),
             Some(Err(e)) => Err(e),
             None => Ok(None),
         }
@@ -362,15 +370,7 @@ impl Fetcher {
                             })
                         }
                         Some(Err(e)) => return Err(e),
-                        Some(Ok(())) => {
-                            if start.elapsed() > self.deadline {
-                                return Err(FetchError::Timeout {
-                                    blob: blob.blob.digest,
-                                    after: self.deadline,
-                                });
-                            }
-                            continue;
-                        }
+                        Some(Ok(bytes)) => return Ok(ChunkBytes::Memory(bytes)),
                     }
                 }
                 None => {
@@ -506,12 +506,14 @@ impl Fetcher {
             });
             if queued.is_err() {
                 // No thread to spare: fetch the followers here, after our own frame.
-                let out = self.complete(blob, &claimed[..own], &flights[..own]);
+                let out = self.complete(blob, &claimed[..own]);
+                self.land(blob, &claimed[..own], &flights[..own], &out);
                 let _ = self.complete_streamed(blob, &claimed[own..], &flights[own..]);
                 return Some(self.mine(blob, out, mine_at));
             }
         }
-        let out = self.complete(blob, &claimed[..own], &flights[..own]);
+        let out = self.complete(blob, &claimed[..own]);
+        self.land_mine(blob, &claimed[..own], &flights[..own], &out);
         Some(self.mine(blob, out, mine_at))
     }
 
@@ -545,23 +547,13 @@ impl Fetcher {
         out
     }
 
-    /// Fetches `claimed` chunks (one request), then completes their flights, successful or not, and
-    /// releases the claims.
-    fn complete(
-        &self,
-        blob: &BlobHandle,
-        claimed: &[usize],
-        flights: &[Arc<Flight>],
-    ) -> Result<Vec<ChunkResult>, FetchError> {
-        let result = self.fetch_run(blob, claimed, 2);
-        for (k, &j) in claimed.iter().enumerate() {
-            let outcome = match &result {
-                Ok(bytes) => bytes[k].as_ref().map(|_| ()).map_err(Clone::clone),
-                Err(e) => Err(e.clone()),
-            };
-            self.finish(blob, j, &flights[k], outcome);
+    /// Fetches `claimed` chunks (one request) and checks them: each chunk's bytes or error, in
+    /// `claimed` order, for [`Self::land`] to hand to their flights.
+    fn complete(&self, blob: &BlobHandle, claimed: &[usize]) -> Vec<ChunkResult> {
+        match self.fetch_run(blob, claimed, 2) {
+            Ok(results) => results,
+            Err(e) => vec![Err(e); claimed.len()],
         }
-        result
     }
 
     /// Fetches `claimed` chunks in one request whose body is checked as it arrives: each chunk's flight
@@ -598,12 +590,18 @@ impl Fetcher {
                 return;
             }
             let part = &claimed[done..done + ready];
+            let (mut js, mut fs, mut rs) = (Vec::new(), Vec::new(), Vec::new());
             for (k, r) in (done..).zip(self.checked(blob, part, &buf, range.start)) {
                 match r {
-                    Ok(_) => self.finish(blob, claimed[k], &flights[k], Ok(())),
+                    Ok(b) => {
+                        js.push(claimed[k]);
+                        fs.push(flights[k].clone());
+                        rs.push(Ok(b));
+                    }
                     Err(_) => bad.push(k),
                 }
             }
+            self.land(blob, &js, &fs, &rs);
             done += ready;
         };
         let streamed = self
@@ -616,14 +614,12 @@ impl Fetcher {
             self.metrics.error("corrupt");
             tracing::warn!(blob = %blob.blob.digest, "chunk failed verification; fetching again");
             let again: Vec<usize> = bad.iter().map(|&k| claimed[k]).collect();
-            let results = self.fetch_run(blob, &again, 1);
-            for (n, &k) in bad.iter().enumerate() {
-                let outcome = match &results {
-                    Ok(r) => r[n].as_ref().map(|_| ()).map_err(Clone::clone),
-                    Err(e) => Err(e.clone()),
-                };
-                self.finish(blob, claimed[k], &flights[k], outcome);
-            }
+            let again_flights: Vec<Arc<Flight>> = bad.iter().map(|&k| flights[k].clone()).collect();
+            let results = match self.fetch_run(blob, &again, 1) {
+                Ok(r) => r,
+                Err(e) => vec![Err(e); again.len()],
+            };
+            self.land(blob, &again, &again_flights, &results);
             bad.clear();
         }
         let left = match &streamed {
@@ -636,26 +632,11 @@ impl Fetcher {
         };
         if let Some(e) = left {
             for k in bad.into_iter().chain(done..claimed.len()) {
-                self.finish(blob, claimed[k], &flights[k], Err(e.clone()));
+                self.fail(blob, claimed[k], &flights[k], e.clone());
             }
             return Err(e);
         }
         Ok(())
-    }
-
-    /// Completes the flight of chunk `j` and releases its claim.
-    fn finish(
-        &self,
-        blob: &BlobHandle,
-        j: usize,
-        flight: &Flight,
-        outcome: Result<(), FetchError>,
-    ) {
-        let mut inflight = self.lock();
-        inflight.remove(&blob.toc.chunks[j].digest);
-        let mut d = flight.done.lock().unwrap_or_else(|p| p.into_inner());
-        *d = Some(outcome);
-        flight.cv.notify_all();
     }
 
     /// The leader's own chunk (claimed `at`, after its frame's missing chunks before it) out of its
@@ -663,14 +644,10 @@ impl Fetcher {
     fn mine(
         &self,
         blob: &BlobHandle,
-        result: Result<Vec<ChunkResult>, FetchError>,
+        fetched: Vec<ChunkResult>,
         at: usize,
     ) -> Result<ChunkBytes, FetchError> {
-        let mine = match result {
-            Ok(fetched) => fetched.into_iter().nth(at),
-            Err(e) => Some(Err(e)),
-        };
-        match mine {
+        match fetched.into_iter().nth(at) {
             // Its bytes are at hand: no need to read them back from the cache.
             Some(Ok(bytes)) => Ok(ChunkBytes::Memory(bytes)),
             Some(Err(e)) => Err(e),
@@ -681,7 +658,7 @@ impl Fetcher {
     }
 
     /// Fetches the frames of `claimed` chunks in one request (`attempts` times at most while a chunk fails
-    /// its digest) and caches the verified ones. Returns each chunk's bytes or error, in `claimed` order.
+    /// its digest) and checks them. Returns each chunk's bytes or error, in `claimed` order.
     fn fetch_run(
         &self,
         blob: &BlobHandle,
