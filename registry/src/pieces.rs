@@ -118,7 +118,14 @@ pub fn chunk_matches(digest: &Digest, len: u32, size: u32, cvs: &[ChainingValue]
     if cvs.len() != count(len, size) || cvs.len() < 2 {
         return false;
     }
-    subtree(cvs, u64::from(len), u64::from(size), true) == digest.0
+    combine(cvs, u64::from(len), u64::from(size)) == *digest
+}
+
+/// The BLAKE3 digest of `len` bytes from the chaining values `cvs` of their pieces of `size` bytes (a
+/// power of two of at least 1 KiB; the last piece shorter; at least two pieces).
+pub fn combine(cvs: &[ChainingValue], len: u64, size: u64) -> Digest {
+    debug_assert!(cvs.len() >= 2 && cvs.len() as u64 == len.div_ceil(size));
+    Digest(subtree(cvs, len, size, true))
 }
 
 /// What checks a unit's bytes besides its key: a piece's chaining value and offset in its chunk.

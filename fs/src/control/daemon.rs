@@ -527,28 +527,25 @@ impl Daemon {
             return Ok(());
         }
         let t = std::time::Instant::now();
-        let image = self.store.get_meta(digest)?;
-        let got = t.elapsed();
         let tmp = path.with_extension("tmp");
-        {
-            // Root's only: layer metadata names every file of the image.
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(|e| io(&tmp, e))?;
-            f.write_all(&image).map_err(|e| io(&tmp, e))?;
-            // A temporary file a crash left keeps its mode: set it.
-            f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
-                .map_err(|e| io(&tmp, e))?;
-        }
+        // Root's only: layer metadata names every file of the image.
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io(&tmp, e))?;
+        // A temporary file a crash left keeps its mode: set it.
+        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| io(&tmp, e))?;
+        // Written and checked frame by frame; renamed into place only once checked whole.
+        let len = self.store.get_meta_into(digest, &f, &tmp)?;
+        drop(f);
         std::fs::rename(&tmp, path).map_err(|e| io(path, e))?;
-        tracing::debug!(meta = %digest, bytes = image.len(), fetch_ms = got.as_secs_f64() * 1e3,
-            write_ms = (t.elapsed() - got).as_secs_f64() * 1e3, "layer metadata fetched");
+        tracing::debug!(meta = %digest, bytes = len, ms = t.elapsed().as_secs_f64() * 1e3,
+            "layer metadata fetched");
         Ok(())
     }
 

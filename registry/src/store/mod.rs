@@ -530,9 +530,64 @@ impl Store {
         self.get_meta_at(d, 0)
     }
 
+    /// Reads layer metadata into `out` (a new, empty file at `path`) and checks it against its digest,
+    /// as [`Self::get_meta`] does; a stream of whole frames is decompressed, checked and written frame
+    /// by frame on every core ([`frames::decompress_to`]). Returns the image's length. On an error the
+    /// file holds anything: the caller keeps it out of use.
+    pub fn get_meta_into(
+        &self,
+        d: &Digest,
+        out: &std::fs::File,
+        path: &std::path::Path,
+    ) -> Result<u64, StoreError> {
+        let key = key::meta(d);
+        let z = self.backend.get(&key)?.0;
+        if !z.starts_with(META_PATCH_MAGIC) {
+            let done = frames::decompress_to(&z, META_MAX, out).map_err(|e| match e {
+                frames::ToFileError::Stream(e) => StoreError::Malformed {
+                    key: key.clone(),
+                    why: format!("not a zstd stream: {e}"),
+                },
+                frames::ToFileError::Write(source) => StoreError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                },
+            })?;
+            if let Some((len, actual)) = done {
+                return match actual == *d {
+                    true => Ok(len),
+                    false => Err(StoreError::Corrupt {
+                        key,
+                        expected: *d,
+                        actual,
+                    }),
+                };
+            }
+        }
+        let image = self.meta_of(d, key, &z, 0)?;
+        use std::os::unix::fs::FileExt;
+        out.write_all_at(&image, 0)
+            .map_err(|source| StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(image.len() as u64)
+    }
+
     fn get_meta_at(&self, d: &Digest, depth: u32) -> Result<Vec<u8>, StoreError> {
         let key = key::meta(d);
         let z = self.backend.get(&key)?.0;
+        self.meta_of(d, key, &z, depth)
+    }
+
+    /// Layer metadata `d` out of its stored bytes `z` (under `key`), checked.
+    fn meta_of(
+        &self,
+        d: &Digest,
+        key: String,
+        z: &[u8],
+        depth: u32,
+    ) -> Result<Vec<u8>, StoreError> {
         let bad = |why: String| StoreError::Malformed {
             key: key.clone(),
             why,
@@ -553,7 +608,7 @@ impl Store {
             patch_decompress(&z[48..], &base, len as usize)
                 .map_err(|e| bad(format!("zstd patch: {e}")))?
         } else {
-            frames::decompress(&z, META_MAX).map_err(|e| bad(format!("not a zstd stream: {e}")))?
+            frames::decompress(z, META_MAX).map_err(|e| bad(format!("not a zstd stream: {e}")))?
         };
         let actual = Digest::of(&image);
         if actual != *d {
@@ -762,38 +817,5 @@ fn malformed(key: &str, e: TocError) -> StoreError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn image(seed: u8, n: usize) -> Vec<u8> {
-        (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
-    }
-
-    #[test]
-    fn metadata_patches_against_its_base() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&format!("file://{}", dir.path().display())).unwrap();
-        let v1: Vec<u8> = (0..1_000_000u32)
-            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
-            .collect();
-        let mut v2 = v1.clone();
-        v2[500_000..500_100].fill(7);
-        let (d1, full) = store.put_meta(&v1, None).unwrap();
-        let (d2, patched) = store.put_meta(&v2, Some((&d1, &v1))).unwrap();
-        assert!(patched * 20 < full, "patch {patched} vs full {full}");
-        assert_eq!(store.get_meta(&d1).unwrap(), v1);
-        assert_eq!(store.get_meta(&d2).unwrap(), v2);
-        // A patch is never the base of another patch.
-        let v3 = image(3, 5000);
-        let (d3, _) = store.put_meta(&v3, Some((&d2, &v2))).unwrap();
-        assert!(!store.meta_is_patch(&d3).unwrap());
-        assert_eq!(store.get_meta(&d3).unwrap(), v3);
-        // A damaged patch is an error, never wrong bytes.
-        let p = dir.path().join(key::meta(&d2));
-        let mut b = std::fs::read(&p).unwrap();
-        let last = b.len() - 1;
-        b[last] ^= 0xff;
-        std::fs::write(&p, b).unwrap();
-        assert!(store.get_meta(&d2).is_err());
-    }
-}
+#[path = "meta_tests.rs"]
+mod meta_tests;
