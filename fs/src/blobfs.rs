@@ -265,6 +265,13 @@ impl BlobFs {
         })
     }
 
+    /// Lets up to `n` FUSE workers at once serve a read that must fetch themselves (see
+    /// [`crate::slowread`]); the daemon keeps two of its workers free of them.
+    pub fn inline_misses(mut self, n: usize) -> BlobFs {
+        self.slow = self.slow.inline(n);
+        self
+    }
+
     /// A read of a layer's metadata file (local disk: answered on the worker).
     fn read_meta(&self, ino: u64, offset: u64, size: u32, reply: Reply) {
         let Some(m) = self.view.table.metas.get(ino) else {
@@ -375,7 +382,7 @@ impl Filesystem for BlobFs {
             }
         });
         let Some((reply, mut out)) = rest else { return };
-        // Not all cached: fetch on the blob's own threads, not on this worker.
+        // Not all cached: fetched on this worker or the blob's own threads, answered by the deadline.
         let (view, metrics) = (self.view.clone(), self.metrics.clone());
         let digest = blob.blob.digest;
         let reader = reply.pid();

@@ -15,6 +15,18 @@ fn blob_node_ids_come_from_digests_and_never_hit_the_fixed_ones() {
 /// do not delay a read of another, uncached blob, and each is answered `EIO` at the deadline.
 #[test]
 fn reads_of_a_hung_blob_hold_no_worker_and_fail_at_the_deadline() {
+    hung_blob_beside_a_healthy_one(2, 0);
+}
+
+/// The same with misses served on the workers that read them, as the daemon does (all workers but two):
+/// the hung reads hold those workers, the two others still serve the healthy blob at once, and the
+/// deadline still answers every hung read, the ones on workers included.
+#[test]
+fn misses_on_workers_leave_two_free_and_still_fail_at_the_deadline() {
+    hung_blob_beside_a_healthy_one(4, 2);
+}
+
+fn hung_blob_beside_a_healthy_one(workers: usize, inline: usize) {
     use std::time::Instant;
 
     use strata_registry::store::{Fault, Op};
@@ -34,12 +46,15 @@ fn reads_of_a_hung_blob_hold_no_worker_and_fail_at_the_deadline() {
     let table = Arc::new(BlobTable::default());
     table.add(a).expect("add");
     table.add(b).expect("add");
-    let fs = BlobFs::new(table, kit.fetcher.clone(), kit.metrics.clone(), None).expect("blobfs");
+    let fs = BlobFs::new(table, kit.fetcher.clone(), kit.metrics.clone(), None)
+        .expect("blobfs")
+        .inline_misses(inline);
+    let fs = Arc::new(fs);
     let (kernel, server) = pair();
     let s = Session::start(
         Arc::new(Channel::from_fd(server)),
-        Arc::new(fs),
-        2,
+        fs.clone(),
+        workers,
         Options::default(),
     )
     .expect("session");
@@ -60,6 +75,11 @@ fn reads_of_a_hung_blob_hold_no_worker_and_fail_at_the_deadline() {
     }
     let took = t.elapsed();
     assert!(took >= deadline && took < deadline * 3, "{took:?}");
+    assert_eq!(
+        fs.slow.served_inline(),
+        inline,
+        "reads served on their workers"
+    );
     kit.faults.clear();
     drop(kernel);
     s.join();

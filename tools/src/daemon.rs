@@ -76,7 +76,8 @@ struct Args {
     /// fetched, in the background, e.g. 1M [default: 0, none].
     #[arg(long, value_name = "SIZE")]
     max_fetch_group: Option<String>,
-    /// Worker threads answering the blob server's FUSE requests [default: 8].
+    /// Worker threads answering the blob server's FUSE requests; all but two may also serve reads that
+    /// fetch [default: 8].
     #[arg(long, value_name = "N")]
     fuse_threads: Option<usize>,
     /// Group (gid) allowed to use the control socket and read the blob files besides root [default:
