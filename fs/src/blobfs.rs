@@ -268,7 +268,7 @@ impl BlobFs {
     /// Lets up to `n` FUSE workers at once serve a read that must fetch themselves (see
     /// [`crate::slowread`]); the daemon keeps two of its workers free of them.
     pub fn inline_misses(mut self, n: usize) -> BlobFs {
-        self.slow = self.slow.inline(n);
+        self.slow.set_inline(n);
         self
     }
 

@@ -153,9 +153,8 @@ impl SlowReads {
     }
 
     /// Lets up to `n` reads at once run on the threads that submit them (see the module documentation).
-    pub fn inline(mut self, n: usize) -> SlowReads {
+    pub fn set_inline(&mut self, n: usize) {
         self.max_inline = n;
-        self
     }
 
     /// Queues a read of `blob`; `work` runs on a thread of the blob's (unless the deadline passes

@@ -8,7 +8,8 @@
 //! gives `(device id, block)`; the device is a blob of the layer's device table, served by the same
 //! [`BlobTable`], chunk cache and [`Fetcher`]; the block is an address in the blob's uncompressed view. A
 //! read whose chunks are all cached is answered on the FUSE worker; otherwise it goes to the slow-read
-//! scheduler ([`crate::slowread`]) and is answered by the fetcher's deadline. Inline and tail-packed
+//! scheduler ([`crate::slowread`]: on the worker while two workers stay free, else on the blob's
+//! threads) and is answered by the fetcher's deadline. Inline and tail-packed
 //! (FLAT_INLINE) files, symlinks and device 0 chunks are read from the image.
 //!
 //! **Overlay on top.** Each layer is its own FUSE mount; a sandbox's overlay stacks them as lower
@@ -419,13 +420,15 @@ pub fn mount_layer(
 /// image's, so a successor answers alike.
 pub fn serve(
     chan: Arc<Channel>,
-    fs: TreeFs,
+    mut fs: TreeFs,
     target: &Path,
     opts: &TreeOptions,
     mut session: Options,
 ) -> Result<TreeMount, TreeError> {
     // A layer's tree never changes: missing names cached, opens without a message.
     session.immutable = true;
+    // As the blob server: a read that fetches is served on the worker that read it while two stay free.
+    fs.slow.set_inline(opts.threads.saturating_sub(2));
     let session = Session::start(chan, Arc::new(fs), opts.threads, session).map_err(|source| {
         TreeError::Io {
             path: target.to_path_buf(),
