@@ -13,6 +13,9 @@
 //! longer; it fails when one part stalls). Past it the call fails with [`StoreError::Timeout`], so that
 //! no command waits on a store that accepts and never answers for longer than that.
 //!
+//! A local directory's range reads are the exception: they run on the caller's thread, without the
+//! runtime and so without the deadline, while the directory answers fast ([`super::tripwire`]).
+//!
 //! A local directory has no conditional put in `object_store`: create-only uses its no-clobber link,
 //! if-match compares versions and writes while holding the store's exclusive `flock` on `tags/.lock`
 //! (a regular file: on MooseFS `flock` of a directory is local to each client, of a file global).
@@ -56,6 +59,8 @@ pub struct ObjectStoreBackend {
     deadline: Duration,
     /// What the S3 server does with conditional puts, once probed.
     conditional: std::sync::OnceLock<Conditional>,
+    /// Whether a local directory's range reads may run on their callers' threads.
+    tripwire: super::tripwire::Tripwire,
 }
 
 /// True when an S3 error says the bucket itself is missing (its body's `NoSuchBucket` code, which
@@ -126,6 +131,7 @@ impl ObjectStoreBackend {
             local: Some(root.to_path_buf()),
             deadline: super::DEFAULT_STORE_TIMEOUT,
             conditional: std::sync::OnceLock::new(),
+            tripwire: Default::default(),
         })
     }
 
@@ -179,6 +185,7 @@ impl ObjectStoreBackend {
             local: None,
             deadline: super::DEFAULT_STORE_TIMEOUT,
             conditional: std::sync::OnceLock::new(),
+            tripwire: Default::default(),
         })
     }
 
@@ -251,14 +258,8 @@ impl ObjectStoreBackend {
     /// or reports.
     async fn read_local_direct(&self, key: &str, range: &Range<u64>) -> Option<Bytes> {
         let path = self.local.as_ref()?.join(key);
-        let (offset, len) = (range.start, usize::try_from(range.end - range.start).ok()?);
-        let read = tokio::task::spawn_blocking(move || {
-            let f = super::direct::open(&path)?;
-            let (buf, at) = super::direct::read(&f, offset, len)?;
-            // Pages a writer on this machine left (a build into this store) go too.
-            super::direct::drop_pages(&f, offset, len as u64);
-            Ok::<_, std::io::Error>(Bytes::from(buf).slice(at..at + len))
-        });
+        let range = range.clone();
+        let read = tokio::task::spawn_blocking(move || direct_range(&path, range));
         read.await.ok()?.ok()
     }
 
@@ -438,6 +439,15 @@ impl StoreBackend for ObjectStoreBackend {
         range: Range<u64>,
         deadline: Duration,
     ) -> Result<Bytes, StoreError> {
+        // A local directory that answers fast is read on this thread (see the module documentation);
+        // anything but a whole direct read takes the ordinary path.
+        if let Some(root) = &self.local {
+            if let Some(_running) = self.tripwire.begin() {
+                if let Ok(b) = direct_range(&root.join(key), range.clone()) {
+                    return Ok(b);
+                }
+            }
+        }
         self.rt.block_on(async {
             tokio::time::timeout(deadline, self.read_range(key, range))
                 .await
@@ -542,6 +552,16 @@ impl StoreBackend for ObjectStoreBackend {
             }
         })
     }
+}
+
+/// `range` of the file at `path`, read with direct I/O, its pages dropped after (a writer on this
+/// machine may have left some: a build into this store).
+fn direct_range(path: &FsPath, range: Range<u64>) -> std::io::Result<Bytes> {
+    let len = usize::try_from(range.end - range.start).map_err(std::io::Error::other)?;
+    let f = super::direct::open(path)?;
+    let (buf, at) = super::direct::read(&f, range.start, len)?;
+    super::direct::drop_pages(&f, range.start, len as u64);
+    Ok(Bytes::from(buf).slice(at..at + len))
 }
 
 #[cfg(test)]

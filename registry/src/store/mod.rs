@@ -44,6 +44,7 @@ pub mod object;
 pub mod spool;
 mod tagfile;
 mod tags;
+pub mod tripwire;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
