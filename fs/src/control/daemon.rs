@@ -200,10 +200,9 @@ pub struct Daemon {
     pub(crate) trees: Trees,
     /// `fanotify` mode's pre-content server and view files.
     pub(crate) views: Option<Arc<crate::fanotify::Server>>,
-    /// The last scrub's report, with when it ended (`GET /v1/status`'s `scrub`).
-    pub(crate) last_scrub: Mutex<Option<serde_json::Value>>,
-    /// Held while a scrub runs: a scrub asked for meanwhile waits for it and answers its report.
-    pub(crate) scrubbing: Mutex<()>,
+    /// Scrubs, one at a time (a scrub asked for while another runs answers that one's report), and the
+    /// last one's report, with when it ended (`GET /v1/status`'s `scrub`).
+    pub(crate) scrubs: super::single::Single<serde_json::Value>,
 }
 
 pub(crate) fn valid_id(id: &str) -> bool {
@@ -366,8 +365,7 @@ impl Daemon {
             trash,
             trees: Trees::new(kept),
             views,
-            last_scrub: Mutex::new(None),
-            scrubbing: Mutex::new(()),
+            scrubs: Default::default(),
         });
         // Every running sandbox's blobs are registered before the first request is read.
         d.restore()?;
@@ -656,7 +654,7 @@ impl Daemon {
             "workers": self.fetcher.workers().status(),
             "trace": self.table.trace.is_on(),
             "recording_plan": self.warming.recording().map(|d| d.to_string()),
-            "scrub": self.last_scrub.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            "scrub": self.scrubs.last(),
         })
     }
 

@@ -27,6 +27,7 @@ pub mod loops;
 pub mod modes;
 pub mod perms;
 pub mod sandboxes;
+pub mod single;
 pub mod state;
 pub mod teardown;
 pub mod trees;

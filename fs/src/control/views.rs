@@ -168,22 +168,10 @@ impl Daemon {
     pub(crate) fn scrub(&self) -> serde_json::Value {
         // One scrub at a time: one asked for while another runs (the daily one, another client's)
         // waits for it and answers its report instead of reading everything again.
-        let _running = match self.scrubbing.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                let g = self.scrubbing.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(report) = self
-                    .last_scrub
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone()
-                {
-                    return report;
-                }
-                g
-            }
-        };
+        self.scrubs.run(|| self.scrub_now())
+    }
+
+    fn scrub_now(&self) -> serde_json::Value {
         let t = std::time::Instant::now();
         let cache = self.fetcher.cache().scrub();
         let (files, views) = match &self.views {
@@ -204,7 +192,7 @@ impl Daemon {
         let at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let report = serde_json::json!({
+        serde_json::json!({
             "mount_mode": self.mode,
             "files": files,
             "chunks": all.chunks,
@@ -214,8 +202,6 @@ impl Daemon {
             "views": views,
             "seconds": seconds,
             "at": at,
-        });
-        *self.last_scrub.lock().unwrap_or_else(|p| p.into_inner()) = Some(report.clone());
-        report
+        })
     }
 }
