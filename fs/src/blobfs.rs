@@ -265,10 +265,10 @@ impl BlobFs {
         })
     }
 
-    /// Lets up to `n` FUSE workers at once serve a read that must fetch themselves (see
-    /// [`crate::slowread`]); the daemon keeps two of its workers free of them.
-    pub fn inline_misses(mut self, n: usize) -> BlobFs {
-        self.slow.set_inline(n);
+    /// Served by `workers` FUSE workers: all but [`crate::slowread::FREE_WORKERS`] of them may serve a
+    /// read that must fetch themselves (see [`crate::slowread`]).
+    pub fn with_workers(mut self, workers: usize) -> BlobFs {
+        self.slow.set_workers(workers);
         self
     }
 

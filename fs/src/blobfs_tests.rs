@@ -15,7 +15,7 @@ fn blob_node_ids_come_from_digests_and_never_hit_the_fixed_ones() {
 /// do not delay a read of another, uncached blob, and each is answered `EIO` at the deadline.
 #[test]
 fn reads_of_a_hung_blob_hold_no_worker_and_fail_at_the_deadline() {
-    hung_blob_beside_a_healthy_one(2, 0);
+    hung_blob_beside_a_healthy_one(2);
 }
 
 /// The same with misses served on the workers that read them, as the daemon does (all workers but two):
@@ -23,10 +23,12 @@ fn reads_of_a_hung_blob_hold_no_worker_and_fail_at_the_deadline() {
 /// deadline still answers every hung read, the ones on workers included.
 #[test]
 fn misses_on_workers_leave_two_free_and_still_fail_at_the_deadline() {
-    hung_blob_beside_a_healthy_one(4, 2);
+    hung_blob_beside_a_healthy_one(4);
 }
 
-fn hung_blob_beside_a_healthy_one(workers: usize, inline: usize) {
+/// With `workers` FUSE workers, of which all but two serve misses themselves.
+fn hung_blob_beside_a_healthy_one(workers: usize) {
+    let inline = workers - crate::slowread::FREE_WORKERS;
     use std::time::Instant;
 
     use strata_registry::store::{Fault, Op};
@@ -48,7 +50,7 @@ fn hung_blob_beside_a_healthy_one(workers: usize, inline: usize) {
     table.add(b).expect("add");
     let fs = BlobFs::new(table, kit.fetcher.clone(), kit.metrics.clone(), None)
         .expect("blobfs")
-        .inline_misses(inline);
+        .with_workers(workers);
     let fs = Arc::new(fs);
     let (kernel, server) = pair();
     let s = Session::start(

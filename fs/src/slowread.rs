@@ -3,7 +3,7 @@
 //! A FUSE worker answers a read itself when every chunk it needs is cached. Otherwise it gives the read
 //! to this scheduler ([`SlowReads::submit`]), which runs it on the worker itself while fewer than
 //! `max_inline` workers are doing so, and otherwise on the blob's own threads while the worker goes back
-//! to the device: a store that hangs holds at most `max_inline` workers (the node keeps two free), so
+//! to the device: a store that hangs holds at most `max_inline` workers (all but [`FREE_WORKERS`]), so
 //! it cannot stall the reads of other blobs, or of cached data, on the node.
 //!
 //! **Why some reads stay on the worker.** Handing a read over wakes another thread, and on a virtual
@@ -38,6 +38,9 @@ use rustix::io::Errno;
 
 use crate::fuse::session::Reply;
 use crate::workers::Workers;
+
+/// Submitting threads (FUSE workers) kept free of reads that fetch, for everything else.
+pub const FREE_WORKERS: usize = 2;
 
 /// How long reads of a blob fail at once after one of its reads timed out.
 pub const FAIL_FAST: Duration = Duration::from_secs(1);
@@ -152,9 +155,10 @@ impl SlowReads {
         self.served_inline.load(Ordering::Relaxed)
     }
 
-    /// Lets up to `n` reads at once run on the threads that submit them (see the module documentation).
-    pub fn set_inline(&mut self, n: usize) {
-        self.max_inline = n;
+    /// Lets the threads that submit reads — `workers` of them — serve up to all but [`FREE_WORKERS`]
+    /// reads at once themselves (see the module documentation).
+    pub fn set_workers(&mut self, workers: usize) {
+        self.max_inline = workers.saturating_sub(FREE_WORKERS);
     }
 
     /// Queues a read of `blob`; `work` runs on a thread of the blob's (unless the deadline passes

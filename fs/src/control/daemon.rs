@@ -376,8 +376,7 @@ impl Daemon {
             d.config.group,
         )
         .map_err(|e| io(&d.config.runtime_dir, e))?
-        // A miss is served on the worker that read it while two workers stay free for the rest.
-        .inline_misses(d.config.fuse_threads.saturating_sub(2));
+        .with_workers(d.config.fuse_threads);
         // Adopted: requests the previous server read but did not answer come back to this one (the
         // kernel resends them, or this server answers them from the connection's journal).
         let opts = Options {

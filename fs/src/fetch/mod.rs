@@ -506,13 +506,13 @@ impl Fetcher {
             });
             if queued.is_err() {
                 // No thread to spare: fetch the followers here, after our own frame.
-                let out = self.complete(blob, &claimed[..own]);
+                let out = self.complete(blob, &claimed[..own], 2);
                 self.land(blob, &claimed[..own], &flights[..own], &out);
                 let _ = self.complete_streamed(blob, &claimed[own..], &flights[own..]);
                 return Some(self.mine(blob, out, mine_at));
             }
         }
-        let out = self.complete(blob, &claimed[..own]);
+        let out = self.complete(blob, &claimed[..own], 2);
         self.land_mine(blob, &claimed[..own], &flights[..own], &out);
         Some(self.mine(blob, out, mine_at))
     }
@@ -547,10 +547,11 @@ impl Fetcher {
         out
     }
 
-    /// Fetches `claimed` chunks (one request) and checks them: each chunk's bytes or error, in
-    /// `claimed` order, for [`Self::land`] to hand to their flights.
-    fn complete(&self, blob: &BlobHandle, claimed: &[usize]) -> Vec<ChunkResult> {
-        match self.fetch_run(blob, claimed, 2) {
+    /// Fetches `claimed` chunks (one request, `attempts` at most while a chunk fails its check) and
+    /// checks them: each chunk's bytes or error, in `claimed` order, for [`Self::land`] to hand to their
+    /// flights.
+    fn complete(&self, blob: &BlobHandle, claimed: &[usize], attempts: usize) -> Vec<ChunkResult> {
+        match self.fetch_run(blob, claimed, attempts) {
             Ok(results) => results,
             Err(e) => vec![Err(e); claimed.len()],
         }
@@ -615,10 +616,7 @@ impl Fetcher {
             tracing::warn!(blob = %blob.blob.digest, "chunk failed verification; fetching again");
             let again: Vec<usize> = bad.iter().map(|&k| claimed[k]).collect();
             let again_flights: Vec<Arc<Flight>> = bad.iter().map(|&k| flights[k].clone()).collect();
-            let results = match self.fetch_run(blob, &again, 1) {
-                Ok(r) => r,
-                Err(e) => vec![Err(e); again.len()],
-            };
+            let results = self.complete(blob, &again, 1);
             self.land(blob, &again, &again_flights, &results);
             bad.clear();
         }

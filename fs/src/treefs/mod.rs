@@ -428,7 +428,7 @@ pub fn serve(
     // A layer's tree never changes: missing names cached, opens without a message.
     session.immutable = true;
     // As the blob server: a read that fetches is served on the worker that read it while two stay free.
-    fs.slow.set_inline(opts.threads.saturating_sub(2));
+    fs.slow.set_workers(opts.threads);
     let session = Session::start(chan, Arc::new(fs), opts.threads, session).map_err(|source| {
         TreeError::Io {
             path: target.to_path_buf(),

@@ -227,10 +227,18 @@ impl ObjectStoreBackend {
         }
     }
 
-    /// A range read without a deadline: exactly `range`, or why not.
-    async fn read_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
-        if let Some(b) = self.read_local_direct(key, &range).await {
-            return Ok(b);
+    /// A range read without a deadline: exactly `range`, or why not. `direct`: a local directory's
+    /// range is tried with direct I/O first (unless the caller just tried that itself).
+    async fn read_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        direct: bool,
+    ) -> Result<Bytes, StoreError> {
+        if direct {
+            if let Some(b) = self.read_local_direct(key, &range).await {
+                return Ok(b);
+            }
         }
         let p = Path::from(key);
         if range.start >= range.end {
@@ -440,16 +448,16 @@ impl StoreBackend for ObjectStoreBackend {
         deadline: Duration,
     ) -> Result<Bytes, StoreError> {
         // A local directory that answers fast is read on this thread (see the module documentation);
-        // anything but a whole direct read takes the ordinary path.
-        if let Some(root) = &self.local {
-            if let Some(_running) = self.tripwire.begin() {
-                if let Ok(b) = direct_range(&root.join(key), range.clone()) {
-                    return Ok(b);
-                }
-            }
-        }
+        // anything but a whole direct read takes the ordinary path, without trying direct I/O again.
+        let tried = match (&self.local, self.tripwire.begin()) {
+            (Some(root), Some(_running)) => match direct_range(&root.join(key), range.clone()) {
+                Ok(b) => return Ok(b),
+                Err(_) => true,
+            },
+            _ => false,
+        };
         self.rt.block_on(async {
-            tokio::time::timeout(deadline, self.read_range(key, range))
+            tokio::time::timeout(deadline, self.read_range(key, range, !tried))
                 .await
                 .map_err(|_| timeout(&self.url, key, deadline))?
         })
@@ -573,6 +581,32 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let b = ObjectStoreBackend::local(dir.path()).expect("local");
         super::super::conformance::run(&b);
+    }
+
+    /// A local directory whose reads were slow (the tripwire tripped) is read through the runtime,
+    /// under the deadline, with the same bytes; a missing object is still reported as missing.
+    #[test]
+    fn a_tripped_local_directory_is_read_under_the_deadline() {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let mut b = ObjectStoreBackend::local(dir.path()).expect("local");
+        // Any read on a caller's thread is "slow": the first trips the wire for a minute.
+        b.tripwire = super::super::tripwire::Tripwire::new(Duration::ZERO, Duration::from_secs(60));
+        let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253) as u8).collect();
+        b.put("blobs/y", Bytes::from(data.clone()), Mode::Overwrite)
+            .expect("put");
+        let d = Duration::from_secs(10);
+        let first = b
+            .get_range("blobs/y", 5..70_000, d)
+            .expect("on this thread");
+        assert!(b.tripwire.tripped());
+        let second = b
+            .get_range("blobs/y", 5..70_000, d)
+            .expect("through the runtime");
+        assert!(first == second && first[..] == data[5..70_000]);
+        assert!(matches!(
+            b.get_range("blobs/missing", 0..10, d),
+            Err(StoreError::NotFound(_))
+        ));
     }
 
     /// A range read of a local store leaves none of the file's pages in the page cache (the node keeps

@@ -70,11 +70,11 @@ pub fn compress(data: &[u8], level: i32) -> Vec<u8> {
 }
 
 /// A zstd frame and its decompressed size.
-type Sized<'a> = (&'a [u8], usize);
+type SizedFrame<'a> = (&'a [u8], usize);
 
 /// The frames of `z` with their decompressed sizes (`None`: a frame records no size — an older
 /// stream, to decompress the ordinary way), refused past `limit` bytes in all.
-fn frame_list(z: &[u8], limit: u64) -> io::Result<Option<Vec<Sized<'_>>>> {
+fn frame_list(z: &[u8], limit: u64) -> io::Result<Option<Vec<SizedFrame<'_>>>> {
     let mut frames = Vec::new();
     let (mut pos, mut total) = (0usize, 0u64);
     while pos < z.len() {
@@ -106,9 +106,14 @@ fn over(limit: u64) -> io::Error {
     bad(format!("decompresses to more than {limit} bytes"))
 }
 
-/// Decompresses `frame` into all of `dst`, which its header says it fills.
-fn frame_into(d: &mut zstd::bulk::Decompressor, frame: &[u8], dst: &mut [u8]) -> io::Result<()> {
-    let want = dst.len();
+/// Decompresses `frame` into `dst` (a slice it must fill, or a `Vec`'s spare capacity), checking that it
+/// gave the `want` bytes its header says.
+fn frame_into<B: zstd::zstd_safe::WriteBuf + ?Sized>(
+    d: &mut zstd::bulk::Decompressor,
+    frame: &[u8],
+    dst: &mut B,
+    want: usize,
+) -> io::Result<()> {
     match d.decompress_to_buffer(frame, dst)? {
         n if n == want => Ok(()),
         n => Err(bad(format!(
@@ -133,7 +138,8 @@ pub fn decompress(z: &[u8], limit: u64) -> io::Result<Vec<u8>> {
         rest = tail;
     }
     for r in in_parallel(jobs, |(frame, dst)| {
-        frame_into(&mut zstd::bulk::Decompressor::new()?, frame, dst)
+        let want = dst.len();
+        frame_into(&mut zstd::bulk::Decompressor::new()?, frame, dst, want)
     }) {
         r?;
     }
@@ -170,10 +176,7 @@ pub fn decompress_to(z: &[u8], limit: u64, out: &std::fs::File) -> Result<Writte
     let cvs: Mutex<Vec<Option<ChainingValue>>> = Mutex::new(vec![None; frames.len()]);
     let failed: Mutex<Option<ToFileError>> = Mutex::new(None);
     let work = || {
-        let mut d = match zstd::bulk::Decompressor::new() {
-            Ok(d) => d,
-            Err(e) => return Err(ToFileError::Stream(e)),
-        };
+        let mut d = zstd::bulk::Decompressor::new().map_err(ToFileError::Stream)?;
         // Decompressed into spare capacity: no zeroing of a buffer about to be overwritten.
         let mut buf: Vec<u8> = Vec::with_capacity(FRAME);
         loop {
@@ -183,15 +186,7 @@ pub fn decompress_to(z: &[u8], limit: u64, out: &std::fs::File) -> Result<Writte
             };
             let at = (k * FRAME) as u64;
             buf.clear();
-            match d.decompress_to_buffer(frame, &mut buf) {
-                Ok(n) if n == size => {}
-                Ok(n) => {
-                    return Err(ToFileError::Stream(bad(format!(
-                        "frame decompressed to {n} bytes, its header says {size}"
-                    ))))
-                }
-                Err(e) => return Err(ToFileError::Stream(e)),
-            }
+            frame_into(&mut d, frame, &mut buf, size).map_err(ToFileError::Stream)?;
             let cv = crate::pieces::chaining_value(&buf, at);
             out.write_all_at(&buf, at).map_err(ToFileError::Write)?;
             cvs.lock().unwrap_or_else(|p| p.into_inner())[k] = Some(cv);
