@@ -478,7 +478,25 @@ fn make_scratch(path: &Path, bytes: u64, group: Option<u32>) -> Result<(), Daemo
     std::fs::rename(&tmp, path).map_err(|e| io(path, e))
 }
 
-/// The processes (other than this one) holding `file` open: a VMM using a scratch image.
+/// Whether `pid` is a child of this process between its fork and its exec: it still runs this
+/// program and holds copies of all this process's descriptors — for an instant, so it is no user.
+fn forking_child(pid: i32, me: i32) -> bool {
+    let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // The command name (in parentheses) may hold spaces: the fields after it are plain.
+            let rest = &s[s.rfind(')')? + 1..];
+            rest.split_whitespace().nth(1)?.parse::<i32>().ok()
+        });
+    if parent != Some(me) {
+        return false;
+    }
+    let exe = |p: &str| std::fs::read_link(format!("/proc/{p}/exe")).ok();
+    exe(&pid.to_string()).is_some_and(|e| Some(e) == exe("self"))
+}
+
+/// The processes (other than this one) holding `file` open: a VMM using a scratch image. A child of
+/// this process not yet past its exec (another sandbox's runtime being started) is not counted.
 pub fn holders(file: &Path) -> std::io::Result<Vec<i32>> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(file)?;
@@ -495,7 +513,7 @@ pub fn holders(file: &Path) -> std::io::Result<Vec<i32>> {
         let open = fds.flatten().any(|fd| {
             std::fs::metadata(fd.path()).is_ok_and(|f| (f.dev(), f.ino()) == (m.dev(), m.ino()))
         });
-        if open && pid != me {
+        if open && pid != me && !forking_child(pid, me) {
             out.push(pid);
         }
     }
@@ -535,6 +553,22 @@ mod tests {
             holders(&p).expect("scan").is_empty(),
             "this process is not counted"
         );
+        // A child holding it counts once it runs another program; before its exec it does not.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(std::fs::File::open(&p).expect("open"))
+            .spawn()
+            .expect("sleep");
+        let pid = child.id() as i32;
+        let start = std::time::Instant::now();
+        while forking_child(pid, std::process::id() as i32) {
+            assert!(start.elapsed().as_secs() < 10, "the child never ran sleep");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let found = holders(&p).expect("scan");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(found.contains(&pid), "{found:?} lacks the child {pid}");
         drop(f);
     }
 }
