@@ -12,6 +12,9 @@
 //! took that long, reads go through the runtime again, under their deadline; at most the reads already
 //! running when the directory hung are held.
 //!
+//! A trip is logged (a warning, once per trip, not per read): it is the operator's only sign that
+//! the directory under the store — often a shared filesystem — answered slowly.
+//!
 //! Invariants (under the lock): `running` holds the start of every read between [`Tripwire::begin`]
 //! and its [`Ticket`]'s drop; `tripped_until` only moves forward.
 
@@ -75,7 +78,7 @@ impl Tripwire {
             .values()
             .any(|&t| now.duration_since(t) > self.slow)
         {
-            trip(&mut st, now + self.cool);
+            trip(&mut st, now, self.cool, self.slow);
         }
         if st.tripped_until.is_some_and(|until| now < until) {
             return None;
@@ -98,7 +101,16 @@ impl Tripwire {
     }
 }
 
-fn trip(st: &mut State, until: Instant) {
+/// Trips at `now` for `cool`; warns when reads were not under the deadline already.
+fn trip(st: &mut State, now: Instant, cool: Duration, slow: Duration) {
+    let until = now + cool;
+    if st.tripped_until.is_none_or(|t| t <= now) {
+        tracing::warn!(
+            slow_ms = slow.as_millis() as u64,
+            for_s = cool.as_secs_f64(),
+            "a local store read took too long: reads go under their deadline for a while"
+        );
+    }
     if st.tripped_until.is_none_or(|t| t < until) {
         st.tripped_until = Some(until);
     }
@@ -110,7 +122,7 @@ impl Drop for Ticket<'_> {
         let mut st = self.wire.lock();
         st.running.remove(&self.id);
         if now.duration_since(self.start) > self.wire.slow {
-            trip(&mut st, now + self.wire.cool);
+            trip(&mut st, now, self.wire.cool, self.wire.slow);
         }
     }
 }
