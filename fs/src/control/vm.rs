@@ -496,24 +496,27 @@ fn forking_child(pid: i32, me: i32) -> bool {
 }
 
 /// The processes (other than this one) holding `file` open: a VMM using a scratch image. A child of
-/// this process not yet past its exec (another sandbox's runtime being started) is not counted.
+/// this process not yet past its exec (another sandbox's runtime being started) is not counted; one
+/// that execs while we look is looked at again (its exec closes the copies).
 pub fn holders(file: &Path) -> std::io::Result<Vec<i32>> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(file)?;
     let me = std::process::id() as i32;
+    // A process may exit while we look: it holds nothing.
+    let holds = |pid: i32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.flatten().any(|fd| {
+                std::fs::metadata(fd.path()).is_ok_and(|f| (f.dev(), f.ino()) == (m.dev(), m.ino()))
+            })
+        })
+    };
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc")?.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
-        // A process may exit while we look: skip it.
-        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
-            continue;
-        };
-        let open = fds.flatten().any(|fd| {
-            std::fs::metadata(fd.path()).is_ok_and(|f| (f.dev(), f.ino()) == (m.dev(), m.ino()))
-        });
-        if open && pid != me && !forking_child(pid, me) {
+        // Looked at again after the child check: a child that exec'd in between closed its copies.
+        if pid != me && holds(pid) && !forking_child(pid, me) && holds(pid) {
             out.push(pid);
         }
     }
