@@ -11,6 +11,7 @@ pub mod blobread;
 pub mod config;
 pub mod digest;
 pub mod fsutil;
+pub mod fuzzing;
 pub mod gc;
 pub mod index;
 pub mod model;

@@ -200,6 +200,13 @@ impl Toc {
         let nframes = u32_at(b, 12) as usize;
         let nchunks = u32_at(b, 16) as usize;
         let view_blocks = u64_at(b, 24);
+        // An EROFS device counts its blocks in 32 bits; past that, the view's size in bytes could
+        // also overflow (found by `fuzzing::toc`).
+        if view_blocks > u64::from(u32::MAX) {
+            return Err(M(
+                "view larger than an EROFS device can address (2^32 blocks)",
+            ));
+        }
         let records = nframes
             .checked_mul(FRAME_REC)
             .and_then(|f| nchunks.checked_mul(CHUNK_REC).map(|c| (f, c)))
@@ -443,10 +450,10 @@ pub fn verified_chunk<'a>(c: &ChunkEntry, frame: &'a [u8]) -> Result<&'a [u8], T
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn sample() -> Toc {
+    pub(crate) fn sample() -> Toc {
         Toc {
             frames: vec![
                 Frame {
@@ -489,7 +496,7 @@ mod tests {
     }
 
     /// A blob view of a 200,000-byte chunk in four 64 KiB pieces, then the sample's grouped chunks.
-    fn pieced() -> (Toc, Vec<u8>) {
+    pub(crate) fn pieced() -> (Toc, Vec<u8>) {
         let data: Vec<u8> = (0..200_000u32).map(|i| (i * 31 % 253) as u8).collect();
         let mut t = Toc {
             piece_size: pieces::PIECE_SIZE,
@@ -603,6 +610,10 @@ mod tests {
         let mut bad = enc.clone();
         bad[TOC_HEADER + 2 * FRAME_REC + CHUNK_REC] = 9; // second chunk's block beyond view
         assert!(Toc::decode(&bad).is_err());
+        // A view no device can address, whose size in bytes would overflow (found by fuzzing).
+        let mut huge = enc.clone();
+        huge[24..32].copy_from_slice(&(1u64 << 53).to_le_bytes());
+        assert!(Toc::decode(&huge).is_err());
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub mod conditional;
 pub mod conformance;
 pub mod direct;
 pub mod fault;
-mod frames;
+pub(crate) mod frames;
 mod image_size;
 pub mod memory;
 pub mod object;

@@ -1,0 +1,125 @@
+//! Fuzzing entries for the registry's parsers of stored bytes: what `fuzz/`'s targets (cargo-fuzz)
+//! and this module's stable smoke test run on arbitrary bytes.
+//!
+//! Everything here reads what a store holds — a blob's table of contents and footer, compressed
+//! frames, layer metadata streams, names — and a store is not trusted: whatever the bytes, a parser
+//! answers with a value or an error, never a panic or an allocation beyond its stated bound. Where a
+//! value comes out, it must survive its own round trip (a TOC that decodes re-encodes to itself).
+
+use crate::model::{Reference, TagName};
+use crate::toc::{Footer, Toc};
+
+/// Largest decompressed size asked of a frame here (a chunk is at most a few MiB).
+const MAX_FRAME: usize = 4 << 20;
+
+/// A blob's table of contents: decoded, looked into, and round-tripped when good.
+pub fn toc(data: &[u8]) {
+    let Ok(t) = Toc::decode(data) else { return };
+    assert_eq!(
+        Toc::decode(&t.encode()).as_ref().ok(),
+        Some(&t),
+        "round trip"
+    );
+    let _ = t.view_size();
+    for i in 0..t.chunks.len().min(64) {
+        let _ = t.frames_of(i);
+        let _ = t.pieces_of(i);
+        let _ = t.chunk_at(u64::from(t.chunks[i].block));
+    }
+    let _ = t.chunk_at(u64::MAX);
+}
+
+/// A blob's footer, for a blob of the length the first 8 bytes give.
+pub fn footer(data: &[u8]) {
+    let Some((len, rest)) = data.split_first_chunk::<8>() else {
+        return;
+    };
+    if let Ok(f) = Footer::decode(rest, u64::from_le_bytes(*len)) {
+        assert_eq!(
+            Footer::decode(&f.encode(), u64::from_le_bytes(*len)).ok(),
+            Some(f)
+        );
+    }
+}
+
+/// Compressed bytes: as one chunk's frame of the length the first 3 bytes give, and as a metadata
+/// stream of frames (bounded).
+pub fn frames(data: &[u8]) {
+    let Some((len, z)) = data.split_first_chunk::<3>() else {
+        return;
+    };
+    let len =
+        (usize::from(len[0]) | usize::from(len[1]) << 8 | usize::from(len[2]) << 16) % MAX_FRAME;
+    if let Ok(out) = crate::toc::decompress(z, len) {
+        assert_eq!(out.len(), len);
+    }
+    if let Ok(out) = crate::store::frames::decompress(z, MAX_FRAME as u64) {
+        assert!(out.len() <= MAX_FRAME);
+    }
+}
+
+/// Names as a client or a store gives them: image references and tag names.
+pub fn names(data: &[u8]) {
+    let Ok(s) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(r) = Reference::parse(s) {
+        let _ = format!("{r:?}");
+    }
+    let _ = TagName::parse(s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mutations of `seed`: bytes flipped, cut short, a run repeated — deterministic, `n` of them.
+    pub(crate) fn mutations(seed: &[u8], n: usize) -> impl Iterator<Item = Vec<u8>> + '_ {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        (0..n).map(move |_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut m = seed.to_vec();
+            if m.is_empty() {
+                return vec![(x & 0xff) as u8];
+            }
+            let at = (x >> 8) as usize % m.len();
+            match x % 4 {
+                0 => m[at] ^= 1 << ((x >> 40) % 8),
+                1 => m[at] = (x >> 32) as u8,
+                2 => m.truncate(at),
+                _ => {
+                    let run = m[at..].iter().take(16).copied().collect::<Vec<_>>();
+                    m.splice(at..at, run);
+                }
+            }
+            m
+        })
+    }
+
+    #[test]
+    fn parsers_of_stored_bytes_survive_mutations() {
+        let (pieced, _) = crate::toc::tests::pieced();
+        for seed in [crate::toc::tests::sample().encode(), pieced.encode()] {
+            toc(&seed);
+            mutations(&seed, 5_000).for_each(|m| toc(&m));
+        }
+        let f = Footer {
+            toc_offset: 100,
+            toc_len: 50,
+            toc_digest: crate::digest::Digest::of(b"t"),
+        };
+        let mut seed = 214u64.to_le_bytes().to_vec();
+        seed.extend_from_slice(&f.encode());
+        mutations(&seed, 2_000).for_each(|m| footer(&m));
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 7) as u8).collect();
+        let mut seed = vec![0xe0, 0x93, 0x04]; // 300,000
+        seed.extend(crate::store::frames::compress(&data, 3));
+        frames(&seed);
+        mutations(&seed, 300).for_each(|m| frames(&m));
+        for s in ["base:v1", "blake3:".to_string().as_str(), "a/b:c@d"] {
+            mutations(s.as_bytes(), 500).for_each(|m| names(&m));
+        }
+    }
+}
