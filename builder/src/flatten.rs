@@ -130,11 +130,13 @@ fn apply(
     let root = s.image.root_nid();
     let mut stack: Vec<(Vec<u8>, u64)> = vec![(Vec::new(), root)];
     let mut links: HashMap<u64, Vec<u8>> = HashMap::new();
+    let mut dirs = std::collections::HashSet::new();
     while let Some((path, nid)) = stack.pop() {
         let inode = s.image.inode(nid).map_err(err)?;
         let mut meta = crate::erofs::meta_of(&inode);
         let kind = match inode.mode & S_IFMT {
             S_IFDIR => {
+                strata_erofs::enter_dir(&mut dirs, nid).map_err(err)?;
                 let opaque = inode.is_opaque();
                 match sink.existing(&path) {
                     Existing::Dir { .. } if opaque => {

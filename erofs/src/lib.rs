@@ -23,9 +23,10 @@
 pub mod device;
 pub mod features;
 pub mod format;
+pub mod fuzzing;
 pub mod reader;
 pub mod repoint;
 
 pub use device::{ChunkLoc, DeviceSlot};
 pub use features::{check_kernel, required_kernel, FeatureError, KernelVersion};
-pub use reader::{DirEntry, ErofsError, ErofsImage, Inode, Layout};
+pub use reader::{enter_dir, DirEntry, ErofsError, ErofsImage, Inode, Layout};

@@ -130,6 +130,16 @@ pub struct DirEntry {
     pub file_type: u8,
 }
 
+/// Marks directory `nid` as entered by a walk. A valid image reaches each directory once (directories
+/// have no hard links), so a second visit is a cycle — an error, where a walk would otherwise go on
+/// forever and grow its stack until memory runs out (found by `fuzzing::walk`).
+pub fn enter_dir(seen: &mut std::collections::HashSet<u64>, nid: u64) -> Result<(), ErofsError> {
+    match seen.insert(nid) {
+        true => Ok(()),
+        false => Err(bad(nid, "directory reached twice: a cycle")),
+    }
+}
+
 /// Largest all-hole FLAT_PLAIN file [`ErofsImage::data`] materialises.
 const MAX_HOLE_READ: u64 = 1 << 28;
 
@@ -609,8 +619,10 @@ impl ErofsImage {
         if !root.xattrs.is_empty() {
             return Ok(true);
         }
+        let mut seen = std::collections::HashSet::new();
         let mut dirs = vec![root];
         while let Some(dir) = dirs.pop() {
+            enter_dir(&mut seen, dir.nid)?;
             for e in self.read_dir(&dir)? {
                 let inode = self.inode(e.nid)?;
                 if !inode.xattrs.is_empty() {

@@ -70,7 +70,9 @@ impl Groups {
     ) -> Result<(), ErofsError> {
         let mut found: HashMap<Digest, BlobGroups> = HashMap::new();
         let mut dirs = vec![image.inode(image.root_nid())?];
+        let mut seen = std::collections::HashSet::new();
         while let Some(dir) = dirs.pop() {
+            strata_erofs::enter_dir(&mut seen, dir.nid)?;
             // This directory's group in each blob its members lie in.
             let mut group: HashMap<Digest, u32> = HashMap::new();
             for e in image.read_dir(&dir)? {
