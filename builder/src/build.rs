@@ -510,32 +510,32 @@ impl EntrySink for LayerBuilder {
 
     fn add(&mut self, entry: Entry, data: Option<FileSource<'_>>) -> Result<(), BuildError> {
         let Entry { path, meta, kind } = entry;
-        let node = match kind {
-            EntryKind::File { size } => {
+        let node = match kind.plain_node() {
+            Ok(node) => node,
+            Err(EntryKind::File { size }) => {
                 let data = data.ok_or_else(|| BuildError::Unsupported {
                     path: String::from_utf8_lossy(&path).into_owned(),
                     why: "regular file without data".into(),
                 })?;
                 return self.add_file(&path, meta, size, data);
             }
-            EntryKind::StoredFile { size, chunks } => {
+            Err(EntryKind::StoredFile { size, chunks }) => {
                 return self.add_stored(&path, meta, size, chunks);
             }
-            EntryKind::HardLink(target) => {
+            Err(EntryKind::HardLink(target)) => {
                 self.tree.link(&path, &target)?;
                 return Ok(());
             }
-            EntryKind::Opaque => {
+            Err(EntryKind::Opaque) => {
                 self.tree.set_opaque(&path)?;
                 return Ok(());
             }
-            EntryKind::Dir => NodeKind::Dir(BTreeMap::new()),
-            EntryKind::Symlink(t) => NodeKind::Symlink(t),
-            EntryKind::CharDev { rdev } => NodeKind::CharDev { rdev },
-            EntryKind::BlockDev { rdev } => NodeKind::BlockDev { rdev },
-            EntryKind::Fifo => NodeKind::Fifo,
-            EntryKind::Socket => NodeKind::Socket,
-            EntryKind::Whiteout => NodeKind::CharDev { rdev: 0 },
+            Err(other) => {
+                return Err(BuildError::Unsupported {
+                    path: String::from_utf8_lossy(&path).into_owned(),
+                    why: format!("entry kind {other:?}"),
+                })
+            }
         };
         self.tree.insert(&path, meta, node)?;
         Ok(())

@@ -25,6 +25,7 @@ pub mod dedup;
 mod devices;
 pub mod elfdeps;
 pub mod flatten;
+pub mod fuzzing;
 pub mod identity;
 pub mod import;
 pub mod layout;

@@ -60,6 +60,25 @@ pub enum EntryKind {
     Opaque,
 }
 
+impl EntryKind {
+    /// The tree node of an entry that is a node by itself — a directory, symlink, device, FIFO, socket
+    /// or whiteout (a `0:0` character device) — or the kind back for those that need the sink's care:
+    /// files (their data), hard links and opaque markers (both change existing nodes).
+    pub fn plain_node(self) -> Result<crate::tree::NodeKind, EntryKind> {
+        use crate::tree::NodeKind;
+        Ok(match self {
+            EntryKind::Dir => NodeKind::Dir(std::collections::BTreeMap::new()),
+            EntryKind::Symlink(t) => NodeKind::Symlink(t),
+            EntryKind::CharDev { rdev } => NodeKind::CharDev { rdev },
+            EntryKind::BlockDev { rdev } => NodeKind::BlockDev { rdev },
+            EntryKind::Fifo => NodeKind::Fifo,
+            EntryKind::Socket => NodeKind::Socket,
+            EntryKind::Whiteout => NodeKind::CharDev { rdev: 0 },
+            other => return Err(other),
+        })
+    }
+}
+
 /// Where a regular file's bytes come from.
 pub enum FileSource<'a> {
     /// A file on disk, read by the builder's workers (in parallel, by offset). `sparse` says the file has

@@ -516,3 +516,39 @@ fn pax_records_times_and_decoders() {
     let pax = Pax::parse(Some(b"10 path=a\n16 uid=12345678\n7 uid=\n\0\0")).unwrap();
     assert_eq!((pax.path.as_deref(), pax.uid), (Some(&b"a"[..]), None));
 }
+
+/// The tar fuzzing entry (`crate::fuzzing::tar`, also `fuzz/`'s `tar` target) over mutations of real
+/// tars — plain, with pax records, gzip'd: errors, never a panic. Mutations fall mostly in the first
+/// headers, where a tar's structure is.
+#[test]
+fn the_fuzzing_entry_survives_mutated_tars() {
+    let mut pax = Vec::new();
+    raw_pax(&mut pax, &[("path", b"p/x"), ("SCHILY.xattr.user.a", b"v")]);
+    raw(&mut pax, b"ignored", EntryType::Regular, b"", b"data");
+    let pax = end(pax);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&sample()).unwrap();
+    let gz = gz.finish().unwrap();
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    for seed in [sample(), pax, gz] {
+        crate::fuzzing::tar(&seed);
+        for _ in 0..1500 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut m = seed.clone();
+            let span = if x.is_multiple_of(4) {
+                m.len()
+            } else {
+                m.len().min(2048)
+            };
+            let at = (x >> 8) as usize % span;
+            match (x >> 4) % 3 {
+                0 => m[at] = (x >> 32) as u8,
+                1 => m[at] ^= 1 << ((x >> 40) % 8),
+                _ => m.truncate(at),
+            }
+            crate::fuzzing::tar(&m);
+        }
+    }
+}
