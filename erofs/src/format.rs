@@ -382,6 +382,16 @@ pub fn new_decode_dev(dev: u32) -> u64 {
 /// The xattr that marks an overlay opaque directory (value `y`).
 pub const OPAQUE_XATTR: &[u8] = b"trusted.overlay.opaque";
 
+/// Bytes of block 0 the superblock checksum covers, from the superblock on, for blocks of `block_size`
+/// bytes (a block smaller than the superblock's offset: a block's worth).
+pub fn sb_checksum_span(block_size: usize) -> usize {
+    if block_size > SUPER_OFFSET {
+        block_size - SUPER_OFFSET
+    } else {
+        block_size
+    }
+}
+
 /// The superblock checksum over block 0 from the superblock to the end of the block, with the checksum
 /// field taken as zero: the kernel's `crc32c(~0, ...)`, which has no final inversion.
 pub fn sb_checksum(block0_from_sb: &[u8]) -> u32 {

@@ -1,6 +1,6 @@
 //! The reader's fuzzing entry: what `fuzz/`'s `erofs_walk` target (cargo-fuzz) and the stable smoke
-//! test (`strata-builder`'s `fuzz_smoke`, over mutated images the builder wrote) run on arbitrary
-//! bytes.
+//! test (`strata-builder`'s `mutated_images_never_panic_the_reader`, over mutations of images the
+//! builder wrote) run on arbitrary bytes.
 //!
 //! A layer's metadata comes from the store, and the node parses it (the `fuse` mode serves trees
 //! from it; `pack_diff` and `strata view` walk it), so the contract is the module's: whatever the
@@ -13,7 +13,9 @@
 
 use std::collections::HashSet;
 
-use crate::format::{sb_checksum, SuperBlock, FEATURE_COMPAT_SB_CHKSUM, SUPER_OFFSET};
+use crate::format::{
+    sb_checksum, sb_checksum_span, SuperBlock, FEATURE_COMPAT_SB_CHKSUM, SUPER_OFFSET,
+};
 use crate::reader::ErofsImage;
 
 /// Inodes visited at most per input: bounds the work of an image of many tiny directories.
@@ -57,17 +59,11 @@ fn reseal(data: &mut [u8]) {
     if sb.feature_compat & FEATURE_COMPAT_SB_CHKSUM == 0 || !(9..=16).contains(&sb.blkszbits) {
         return;
     }
-    let bsz = 1usize << sb.blkszbits;
-    let len = if bsz > SUPER_OFFSET {
-        bsz - SUPER_OFFSET
-    } else {
-        bsz
-    };
+    let len = sb_checksum_span(1usize << sb.blkszbits);
     if data.len() < SUPER_OFFSET + len {
         return;
     }
-    sb.checksum = 0;
-    sb.write_to(data, SUPER_OFFSET);
+    // The checksum is computed with its own field taken as zero.
     sb.checksum = sb_checksum(&data[SUPER_OFFSET..SUPER_OFFSET + len]);
     sb.write_to(data, SUPER_OFFSET);
 }

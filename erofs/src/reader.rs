@@ -192,11 +192,7 @@ impl ErofsImage {
         }
         let bsz = 1usize << sb.blkszbits;
         if sb.feature_compat & FEATURE_COMPAT_SB_CHKSUM != 0 {
-            let len = if bsz > SUPER_OFFSET {
-                bsz - SUPER_OFFSET
-            } else {
-                bsz
-            };
+            let len = sb_checksum_span(bsz);
             let region = data
                 .get(SUPER_OFFSET..SUPER_OFFSET + len)
                 .ok_or(ErofsError::TooShort { len: data.len() })?;

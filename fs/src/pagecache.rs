@@ -36,7 +36,7 @@ use std::sync::Arc;
 /// Ranges waiting for the settler at most.
 const QUEUE: usize = 256;
 
-pub use strata_registry::store::direct::{drop_pages, DROP_STEP};
+pub use strata_registry::store::direct::{drop_pages, widened, DROP_STEP};
 
 /// Waits until the range's dirty pages are on disk (then they are clean, and droppable).
 fn write_back(file: &File, offset: u64, len: u64) {
@@ -97,12 +97,8 @@ impl Settler {
 /// The range settled for `len` bytes written at `offset`: from the byte before it (see the module
 /// documentation), widened to whole [`DROP_STEP`]s, as `(start, len)`.
 fn settled(offset: u64, len: u64) -> (u64, u64) {
-    let start = offset.saturating_sub(1) / DROP_STEP * DROP_STEP;
-    let end = offset
-        .saturating_add(len)
-        .div_ceil(DROP_STEP)
-        .saturating_mul(DROP_STEP);
-    (start, end.saturating_sub(start))
+    let before = offset.saturating_sub(1);
+    widened(before, offset.saturating_add(len) - before)
 }
 
 fn settle(rx: Receiver<(Arc<File>, u64, u64)>, pending: &AtomicUsize) {

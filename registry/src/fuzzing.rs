@@ -73,29 +73,9 @@ pub fn names(data: &[u8]) {
 mod tests {
     use super::*;
 
-    /// Mutations of `seed`: bytes flipped, cut short, a run repeated — deterministic, `n` of them.
-    pub(crate) fn mutations(seed: &[u8], n: usize) -> impl Iterator<Item = Vec<u8>> + '_ {
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        (0..n).map(move |_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let mut m = seed.to_vec();
-            if m.is_empty() {
-                return vec![(x & 0xff) as u8];
-            }
-            let at = (x >> 8) as usize % m.len();
-            match x % 4 {
-                0 => m[at] ^= 1 << ((x >> 40) % 8),
-                1 => m[at] = (x >> 32) as u8,
-                2 => m.truncate(at),
-                _ => {
-                    let run = m[at..].iter().take(16).copied().collect::<Vec<_>>();
-                    m.splice(at..at, run);
-                }
-            }
-            m
-        })
+    /// Mutations of `seed` (see [`crate::testing::mutations`]): anywhere in these short encodings.
+    fn mutations(seed: &[u8], n: usize) -> impl Iterator<Item = Vec<u8>> + '_ {
+        crate::testing::mutations(seed, 0x9e37_79b9_7f4a_7c15, n, usize::MAX)
     }
 
     #[test]

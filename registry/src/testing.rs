@@ -57,3 +57,41 @@ pub fn require(what: &str, available: bool) -> bool {
     }
     false
 }
+
+/// `n` mutations of `seed` for the fuzzing entries' stable smoke tests, deterministic from `state`: a
+/// byte set, a bit flipped, the input cut short, a run of up to 16 bytes repeated. Three in four fall
+/// within the first `head` bytes, where a format's headers are.
+pub fn mutations(
+    seed: &[u8],
+    mut state: u64,
+    n: usize,
+    head: usize,
+) -> impl Iterator<Item = Vec<u8>> + '_ {
+    state |= 1;
+    (0..n).map(move |_| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let x = state;
+        let mut m = seed.to_vec();
+        if m.is_empty() {
+            return vec![x as u8];
+        }
+        let span = if x.is_multiple_of(4) {
+            m.len()
+        } else {
+            m.len().min(head.max(1))
+        };
+        let at = (x >> 8) as usize % span;
+        match (x >> 4) % 4 {
+            0 => m[at] = (x >> 32) as u8,
+            1 => m[at] ^= 1 << ((x >> 40) % 8),
+            2 => m.truncate(at),
+            _ => {
+                let run: Vec<u8> = m[at..].iter().take(16).copied().collect();
+                m.splice(at..at, run);
+            }
+        }
+        m
+    })
+}

@@ -176,30 +176,6 @@ proptest! {
     }
 }
 
-/// `n` mutations of `image`, deterministic from `seed`: a byte set, a bit flipped, the image cut
-/// short — mostly in its first blocks, where the superblock, inodes and directories are.
-fn mutations(image: &[u8], seed: u64, n: usize) -> impl Iterator<Item = Vec<u8>> + '_ {
-    let mut x = seed | 1;
-    (0..n).map(move |_| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let mut m = image.to_vec();
-        let span = if x.is_multiple_of(3) {
-            m.len()
-        } else {
-            m.len().min(8192)
-        };
-        let at = (x >> 8) as usize % span.max(1);
-        match (x >> 4) % 3 {
-            0 => m[at] = (x >> 32) as u8,
-            1 => m[at] ^= 1 << ((x >> 40) % 8),
-            _ => m.truncate(at),
-        }
-        m
-    })
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -215,7 +191,7 @@ proptest! {
         let tree = build(&entries, chunk_bits, &mut chunks);
         let bytes = chunks.write(&tree, chunk_bits).expect("write");
         strata_erofs::fuzzing::walk(&bytes);
-        for m in mutations(&bytes, seed, 64) {
+        for m in strata_registry::testing::mutations(&bytes, seed, 64, 8192) {
             strata_erofs::fuzzing::walk(&m);
         }
     }

@@ -529,26 +529,9 @@ fn the_fuzzing_entry_survives_mutated_tars() {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(&sample()).unwrap();
     let gz = gz.finish().unwrap();
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
     for seed in [sample(), pax, gz] {
         crate::fuzzing::tar(&seed);
-        for _ in 0..1500 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let mut m = seed.clone();
-            let span = if x.is_multiple_of(4) {
-                m.len()
-            } else {
-                m.len().min(2048)
-            };
-            let at = (x >> 8) as usize % span;
-            match (x >> 4) % 3 {
-                0 => m[at] = (x >> 32) as u8,
-                1 => m[at] ^= 1 << ((x >> 40) % 8),
-                _ => m.truncate(at),
-            }
-            crate::fuzzing::tar(&m);
-        }
+        let headers = strata_registry::testing::mutations(&seed, 0x2545_f491_4f6c_dd1d, 1500, 2048);
+        headers.for_each(|m| crate::fuzzing::tar(&m));
     }
 }

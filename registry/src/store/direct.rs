@@ -60,15 +60,21 @@ pub fn read(file: &File, offset: u64, len: usize) -> io::Result<(Vec<u8>, usize)
 /// edges. Dropping a neighbour's pages too costs nothing where every page of the file is cold.
 pub const DROP_STEP: u64 = 2 << 20;
 
-/// Drops `len` bytes at `offset` of `file` (widened to whole [`DROP_STEP`]s) from the page cache
-/// (`POSIX_FADV_DONTNEED`: clean pages go at once). Best effort: a failure only leaves them cached.
-pub fn drop_pages(file: &File, offset: u64, len: u64) {
+/// `len` bytes at `offset` widened to whole [`DROP_STEP`]s, as `(start, len)`.
+pub fn widened(offset: u64, len: u64) -> (u64, u64) {
     let start = offset / DROP_STEP * DROP_STEP;
     let end = offset
         .saturating_add(len)
         .div_ceil(DROP_STEP)
         .saturating_mul(DROP_STEP);
-    if let Some(len) = std::num::NonZeroU64::new(end.saturating_sub(start)) {
+    (start, end.saturating_sub(start))
+}
+
+/// Drops `len` bytes at `offset` of `file` (widened to whole [`DROP_STEP`]s) from the page cache
+/// (`POSIX_FADV_DONTNEED`: clean pages go at once). Best effort: a failure only leaves them cached.
+pub fn drop_pages(file: &File, offset: u64, len: u64) {
+    let (start, len) = widened(offset, len);
+    if let Some(len) = std::num::NonZeroU64::new(len) {
         let _ = rustix::fs::fadvise(file, start, Some(len), rustix::fs::Advice::DontNeed);
     }
 }
