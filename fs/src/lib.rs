@@ -17,7 +17,7 @@
 //! overlays, layer holds, mount modes, microVM drives, the node's state on disk and the control socket
 //! — see its documentation. It calls down into the data plane; nothing in the data plane calls up
 //! (`control::tests::the_data_plane_never_calls_up` checks the sources). Failures are classified
-//! once ([`error_kind`]): the API's HTTP status and `strata`'s exit code both derive from the kind.
+//! once (`strata_api::ErrorKind`): the API's HTTP status and `strata`'s exit code both derive from the kind.
 //!
 //! `docs/DESIGN.md` describes the whole; the control plane's modules are also re-exported here, where
 //! the crates that use this one have always found them.
@@ -26,7 +26,6 @@ pub mod attribution;
 pub mod blobfs;
 pub mod cache;
 pub mod control;
-pub mod error_kind;
 pub mod fanotify;
 pub mod fetch;
 pub mod fuse;

@@ -156,7 +156,7 @@ pub fn main() -> anyhow::Result<()> {
     let meta = meta::Meta::open(&args.root)
         .with_context(|| format!("opening the snapshot records in {}", args.root.display()))?;
     let layers = stratad::Stratad {
-        client: strata_fs::api::Client {
+        client: strata_api::Client {
             socket: args.strata_socket.clone(),
         },
     };

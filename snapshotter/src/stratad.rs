@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 use serde_json::json;
-use strata_fs::api::{Client, ClientError, ErrorKind};
+use strata_api::{Client, ClientError, ErrorKind};
 use strata_fs::layers::percent_encode;
 use strata_registry::digest::Digest;
 

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use strata_fs::api::Client;
+use strata_api::Client;
 use strata_tests::containerd::{have_containerd, Containerd, Snapshotter};
 use strata_tests::registry::Registry;
 use strata_tests::{busybox_rootfs, can_mount, json, random_bytes, scratch, Daemon, StoreEnv};

@@ -320,7 +320,7 @@ fn corrupted_blob_gives_eio_never_wrong_bytes() {
     let err = r.expect_err("corrupt data was served");
     assert_eq!(err.raw_os_error(), Some(libc::EIO));
     // The failure is counted, through the control socket's /metrics.
-    let client = strata_fs::api::Client {
+    let client = strata_api::Client {
         socket: d.socket.clone(),
     };
     let metrics = client.call("GET", "/metrics", None).expect("GET /metrics");
@@ -415,7 +415,7 @@ fn reads_go_on_when_the_cache_disk_is_full() {
     let mut d = Daemon::start_in(&store, state, &["--max-fetch-span", "256K"]);
     let rootfs = d.ok(&["mount", "full:v1", "--sandbox", "f1"]);
     let got = std::fs::read(Path::new(&rootfs).join("data/big.bin"));
-    let client = strata_fs::api::Client {
+    let client = strata_api::Client {
         socket: d.socket.clone(),
     };
     let metrics = client.call("GET", "/metrics", None).expect("GET /metrics");

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use serde_json::{json, Value};
-use strata_fs::api::{Client, ClientError, ErrorKind};
+use strata_api::{Client, ClientError, ErrorKind};
 use strata_tests::{build_image, can_mount, json as parse, scratch, Daemon, StoreEnv};
 
 fn client(d: &Daemon) -> Client {

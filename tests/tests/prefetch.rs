@@ -93,7 +93,7 @@ fn a_traced_plan_is_warmed_when_a_sandbox_is_created() {
             "trace sandbox left: {ps}"
         );
         // One trace at a time per node.
-        let client = strata_fs::api::Client {
+        let client = strata_api::Client {
             socket: d.socket.clone(),
         };
         client.call("POST", "/v1/trace/start", None).expect("start");
@@ -118,7 +118,7 @@ fn a_traced_plan_is_warmed_when_a_sandbox_is_created() {
     let (d, rootfs, w) = warmed_node(&store, "pf:v1");
     assert!(w["fetched"].as_u64().expect("fetched") >= 1, "{w}");
     assert_eq!(w["errors"].as_u64(), Some(0), "{w}");
-    let metrics = strata_fs::api::Client {
+    let metrics = strata_api::Client {
         socket: d.socket.clone(),
     }
     .call("GET", "/metrics", None)

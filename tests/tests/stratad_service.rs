@@ -34,7 +34,7 @@ fn healthz_answers_and_logs_have_no_colour_codes_off_a_terminal() {
         .spawn()
         .expect("stratad");
     let socket = run.join("stratad.sock");
-    let client = strata_fs::api::Client {
+    let client = strata_api::Client {
         socket: socket.clone(),
     };
     let start = std::time::Instant::now();

@@ -29,7 +29,7 @@ pub struct Globals {
     #[arg(long, global = true, env = "STRATA_STORE", default_value = DEFAULT_STORE)]
     pub store: String,
     /// stratad's control socket.
-    #[arg(long, global = true, env = "STRATA_SOCKET", default_value = node::DEFAULT_SOCKET)]
+    #[arg(long, global = true, env = "STRATA_SOCKET", default_value = strata_cli::args::DEFAULT_SOCKET)]
     pub socket: PathBuf,
     /// Seconds a store operation (a whole-object read or write, a listing page, a range read) may take
     /// before it fails (exit 6).
@@ -47,87 +47,7 @@ pub struct Globals {
     pub progress: progress::Mode,
 }
 
-/// The per-sandbox commands alone (`mount`, `umount`), what the lean binary tries first: a node
-/// agent's `strata mount` then builds a command tree of two commands, not of the whole CLI
-/// (BENCHMARKS.md, "The CLI's own cost"). Anything else, help and errors included, goes to [`Cli`].
-#[derive(Parser)]
-#[command(
-    name = "strata",
-    disable_help_flag = true,
-    disable_help_subcommand = true
-)]
-pub struct NodeCli {
-    #[command(flatten)]
-    pub globals: Globals,
-    #[command(subcommand)]
-    pub cmd: NodeCmd,
-}
-
-/// See [`NodeCli`].
-#[derive(Subcommand)]
-pub enum NodeCmd {
-    Mount(MountArgs),
-    Umount(UmountArgs),
-}
-
-/// Runs a [`NodeCli`] command.
-pub fn run_node_cmd(cli: NodeCli) -> Result<()> {
-    progress::set_mode(cli.globals.progress);
-    match cli.cmd {
-        NodeCmd::Mount(a) => mount(&cli.globals.socket, a),
-        NodeCmd::Umount(a) => umount(&cli.globals.socket, a),
-    }
-}
-
-fn mount(socket: &std::path::Path, a: MountArgs) -> Result<()> {
-    let reuse = node::reuse(a.resume, a.fresh);
-    node::mount(
-        socket,
-        &a.image,
-        &a.sandbox,
-        a.upper.as_deref(),
-        reuse,
-        a.json,
-    )
-}
-
-fn umount(socket: &std::path::Path, a: UmountArgs) -> Result<()> {
-    node::umount(socket, &a.sandbox, a.purge, a.force)
-}
-
-// `strata mount`'s arguments (its help text is the `Cmd::Mount` variant's).
-#[derive(clap::Args)]
-pub struct MountArgs {
-    pub image: String,
-    #[arg(long, required = true)]
-    pub sandbox: Vec<String>,
-    /// Directory for the sandbox's upper and work directories (default: in stratad's state).
-    #[arg(long)]
-    pub upper: Option<PathBuf>,
-    /// The id has a stopped sandbox of the same image: continue with its upper directory.
-    #[arg(long, conflicts_with = "fresh")]
-    pub resume: bool,
-    /// The id has a stopped sandbox: delete its upper directory and start empty.
-    #[arg(long)]
-    pub fresh: bool,
-    #[arg(long)]
-    pub json: bool,
-}
-
-// `strata umount`'s arguments (its help text is the `Cmd::Umount` variant's).
-#[derive(clap::Args)]
-pub struct UmountArgs {
-    /// Sandbox id (repeatable: several are stopped in one request).
-    #[arg(long, required = true)]
-    pub sandbox: Vec<String>,
-    /// Also delete its upper and work directories and its record (refused while processes run in
-    /// its rootfs, unless --force).
-    #[arg(long)]
-    pub purge: bool,
-    /// With --purge: even if processes still run in the rootfs.
-    #[arg(long, requires = "purge")]
-    pub force: bool,
-}
+pub use strata_cli::args::{parse_secs, MountArgs, UmountArgs};
 
 #[derive(Subcommand)]
 pub enum Cmd {
@@ -266,7 +186,7 @@ pub struct PackDiffCli {
     #[arg(long, env = "STRATA_STORE", default_value = DEFAULT_STORE)]
     pub store: String,
     /// stratad's control socket.
-    #[arg(long, env = "STRATA_SOCKET", default_value = node::DEFAULT_SOCKET)]
+    #[arg(long, env = "STRATA_SOCKET", default_value = strata_cli::args::DEFAULT_SOCKET)]
     pub socket: PathBuf,
     /// Progress on standard error: auto, tty, plain (a line every few seconds) or none.
     #[arg(long, env = "STRATA_PROGRESS", value_enum, default_value = "auto")]
@@ -284,14 +204,6 @@ pub fn run_pack_diff(cli: PackDiffCli) -> Result<()> {
     // Every store error names the store's URL: no context needed.
     let store = Store::open_existing_with(&cli.store, &store_options(cli.store_timeout))?;
     snapshot::pack_diff(&store, &cli.socket, cli.args)
-}
-
-/// A number of seconds (fractions allowed), positive and finite.
-pub fn parse_secs(s: &str) -> Result<std::time::Duration, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() && v < 1e9 => Ok(std::time::Duration::from_secs_f64(v)),
-        _ => Err(format!("{s:?} is not a positive number of seconds")),
-    }
 }
 
 /// How commands open stores: every operation within `timeout`, range reads included.
@@ -365,14 +277,14 @@ pub fn run(cli: Cli) -> Result<()> {
 }
 
 /// Runs `cli` if it is a command that needs no store (it talks to stratad, or prints help text):
-/// `None` when it ran, else the command back. The lean `strata` binary links only this half
-/// ([`crate::lean_main`]): a node agent's `strata mount` does not load the builder's libraries.
+/// `None` when it ran, else the command back. (The lean `strata` binary, `strata_cli`, runs `mount`
+/// and `umount` itself and hands everything else to this program.)
 pub fn run_node(cli: Cli) -> Result<Option<Cli>> {
     progress::set_mode(cli.globals.progress);
     let socket = &cli.globals.socket;
     match cli.cmd {
-        Cmd::Mount(a) => mount(socket, a).map(|()| None),
-        Cmd::Umount(a) => umount(socket, a).map(|()| None),
+        Cmd::Mount(a) => Ok(strata_cli::node::mount(socket, &a).map(|()| None)?),
+        Cmd::Umount(a) => node::umount(socket, &a).map(|()| None),
         Cmd::Rm {
             sandboxes,
             stopped,
@@ -404,6 +316,8 @@ pub fn run_node(cli: Cli) -> Result<Option<Cli>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::ValueEnum;
+    use strata_cli::args::{NodeCli, NodeCmd, PROGRESS_MODES};
 
     fn node(args: &[&str]) -> Option<NodeCli> {
         NodeCli::try_parse_from(args).ok()
@@ -415,10 +329,16 @@ mod tests {
             "strata",
             "--socket",
             "/s",
+            "--progress",
+            "plain",
+            "--store-timeout",
+            "2.5",
             "mount",
             "img:v1",
             "--sandbox",
             "a",
+            "--store",
+            "file:///x",
         ];
         let lean = node(&argv).expect("mount");
         let NodeCmd::Mount(m) = lean.cmd else {
@@ -429,10 +349,12 @@ mod tests {
         };
         assert_eq!((&m.image, &m.sandbox), (&full.image, &full.sandbox));
         assert_eq!(lean.globals.socket, PathBuf::from("/s"));
-        // Global options after the command, as the full parser allows.
-        let after =
-            node(&["strata", "umount", "--sandbox", "a", "--socket", "/t"]).expect("umount");
-        assert_eq!(after.globals.socket, PathBuf::from("/t"));
+        // The global options' values are the full parser's.
+        let modes: Vec<String> = progress::Mode::value_variants()
+            .iter()
+            .filter_map(|m| Some(m.to_possible_value()?.get_name().to_string()))
+            .collect();
+        assert_eq!(modes, PROGRESS_MODES);
     }
 
     #[test]
@@ -443,11 +365,14 @@ mod tests {
             &["strata", "mount", "--help"],
             &["strata", "mount", "img"],
             &["strata", "umount", "--sandbox", "a", "--force"],
+            &["strata", "--progress", "loud", "umount", "--sandbox", "a"],
             &["strata", "ps"],
             &["strata", "build", "."],
             &["strata"],
         ] {
             assert!(node(argv).is_none(), "{argv:?}");
+            assert!(Cli::try_parse_from(argv)
+                .map_or(true, |c| !matches!(c.cmd, Cmd::Mount(_) | Cmd::Umount(_))));
         }
     }
 }

@@ -440,7 +440,7 @@ fn serve_for_systemd(config: Config) -> Result<()> {
     };
     api_thread(&daemon, listener, hooks);
     // Ready only once the control socket answers.
-    let client = strata_fs::api::Client {
+    let client = strata_api::Client {
         socket: daemon.config.runtime_dir.join("stratad.sock"),
     };
     client

@@ -11,14 +11,15 @@
 //! | 6 | store unreachable or failing |
 //! | 7 | sandbox state: leftovers of a stopped sandbox, a resume of another image, processes in a rootfs, a VM still running |
 //!
-//! Errors stratad reports through its control API carry a kind (`strata_fs::error_kind::ErrorKind`),
+//! Errors stratad reports through its control API carry a kind (`strata_api::ErrorKind`),
 //! whose exit code (`ErrorKind::exit_code`, beside the HTTP status it derives too) is the code the same
 //! failure gets locally.
 
+use strata_api::ClientError;
 use strata_builder::oci::export::ExportError;
 use strata_builder::oci::OciError;
 use strata_builder::BuildError;
-use strata_fs::api::ClientError;
+use strata_cli::node::NodeError;
 
 use crate::catalog::BrokenTags;
 use strata_registry::gc::GcError;
@@ -71,13 +72,6 @@ fn oci_code(e: &OciError) -> i32 {
     }
 }
 
-fn daemon_code(e: &ClientError) -> i32 {
-    match e {
-        ClientError::Api { kind, .. } => kind.exit_code(),
-        ClientError::Connect { .. } | ClientError::Reply(_) => 1,
-    }
-}
-
 /// The exit status for an error.
 pub fn code(e: &anyhow::Error) -> i32 {
     for cause in e.chain() {
@@ -121,7 +115,10 @@ pub fn code(e: &anyhow::Error) -> i32 {
             };
         }
         if let Some(c) = cause.downcast_ref::<ClientError>() {
-            return daemon_code(c);
+            return c.exit_code();
+        }
+        if let Some(n) = cause.downcast_ref::<NodeError>() {
+            return n.exit_code();
         }
         if cause.downcast_ref::<ModelError>().is_some() || cause.downcast_ref::<Usage>().is_some() {
             return 2;
@@ -141,18 +138,7 @@ pub fn code(e: &anyhow::Error) -> i32 {
 /// {source}`) would otherwise repeat it ("…: No such file or directory (os error 2): No such file or
 /// directory (os error 2)").
 pub fn message(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if text.is_empty() || out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
+    strata_cli::message(e.as_ref())
 }
 
 #[cfg(test)]

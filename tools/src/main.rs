@@ -1,6 +1,7 @@
-//! The `strata` binary; the program lives in the `strata_tools` library. Commands that need a store
-//! run in `strata-full` (see `strata_tools::lean_main`).
+//! The `strata` binary as installed: the lean CLI (`strata_cli`), which runs `mount` and `umount`
+//! and hands every other command to `strata-full`. It uses nothing of this package's library, so it
+//! links none of it.
 
 fn main() {
-    strata_tools::lean_main();
+    strata_cli::lean_main();
 }

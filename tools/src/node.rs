@@ -1,20 +1,16 @@
 //! Commands that talk to the node daemon: `mount`, `umount`, `ps`, `bundle`.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use strata_fs::api::{Client, ClientError};
-use strata_fs::error_kind::ErrorKind;
+use strata_api::{Client, ClientError};
+use strata_cli::args::UmountArgs;
+use strata_cli::node::{failures, is_no_route};
 use strata_fs::process::Process;
 use strata_fs::teardown::{Candidate, DeleteRequest};
 
-use crate::exit::Usage;
 use crate::images::human;
-
-/// Default control socket.
-pub const DEFAULT_SOCKET: &str = "/run/strata/stratad.sock";
 
 fn client(socket: &Path) -> Client {
     Client {
@@ -22,52 +18,10 @@ fn client(socket: &Path) -> Client {
     }
 }
 
-/// `strata mount`: creates a sandbox of `image` for each id, in order, and prints each rootfs path (or,
-/// with `json_out`, each sandbox as a JSON line). Stops at the first failure; the sandboxes created before
-/// it stay (and were printed).
-/// The `reuse` a sandbox request asks for, from `--resume` and `--fresh` (`mount`, `vm`): what to do
-/// with a stopped sandbox of the same id.
-pub fn reuse(resume: bool, fresh: bool) -> &'static str {
-    match (resume, fresh) {
-        (true, _) => "resume",
-        (_, true) => "fresh",
-        _ => "refuse",
-    }
-}
-
-pub fn mount(
-    socket: &Path,
-    image: &str,
-    ids: &[String],
-    upper: Option<&Path>,
-    reuse: &str,
-    json_out: bool,
-) -> Result<()> {
-    if upper.is_some() && ids.len() > 1 {
-        return Err(Usage(
-            "--upper takes one --sandbox (each sandbox needs its own directory)".into(),
-        )
-        .into());
-    }
-    let c = client(socket);
-    let mut out = std::io::stdout().lock();
-    for id in ids {
-        let mut body = json!({"image": image, "id": id, "reuse": reuse});
-        if let Some(u) = upper {
-            body["dir"] = json!(std::path::absolute(u)?);
-        }
-        let v = c.call("POST", "/v1/sandboxes", Some(&body))?;
-        match json_out {
-            true => writeln!(out, "{v}")?,
-            false => writeln!(out, "{}", v["rootfs"].as_str().unwrap_or_default())?,
-        }
-    }
-    Ok(())
-}
-
-/// `strata umount`: stops the sandboxes (one batch request), or with `purge` removes them.
-pub fn umount(socket: &Path, ids: &[String], purge: bool, force: bool) -> Result<()> {
-    let body = json!({"ids": ids, "purge": purge, "force": force});
+/// `strata umount` (as the full CLI runs it): stops the sandboxes (one batch request), or with
+/// `--purge` removes them; against a daemon without the batch route, one by one.
+pub fn umount(socket: &Path, a: &UmountArgs) -> Result<()> {
+    let body = json!({"ids": a.sandbox, "purge": a.purge, "force": a.force});
     let (_, failed) = delete(socket, body)?;
     failed.map_or(Ok(()), Err)
 }
@@ -93,28 +47,10 @@ pub fn rm(socket: &Path, mut selection: Value, force: bool, json_out: bool) -> R
 fn delete(socket: &Path, body: Value) -> Result<(Vec<Value>, Option<anyhow::Error>)> {
     let c = client(socket);
     let v = match c.call("POST", "/v1/sandboxes/delete", Some(&body)) {
-        Err(ClientError::Api {
-            status: 404,
-            message,
-            ..
-        }) if message.starts_with("no route") => one_by_one(&c, &body)?,
+        Err(e) if is_no_route(&e) => one_by_one(&c, &body)?,
         r => r?,
     };
-    let mut first = None;
-    for f in v["failed"].as_array().into_iter().flatten() {
-        let (id, message) = (f["id"].as_str().unwrap_or("?"), f["error"].as_str());
-        eprintln!("strata: {id}: {}", message.unwrap_or("failed"));
-        first.get_or_insert_with(|| {
-            let kind: ErrorKind =
-                serde_json::from_value(f["kind"].clone()).unwrap_or(ErrorKind::Internal);
-            let e = ClientError::Api {
-                status: kind.status(),
-                kind,
-                message: format!("{id}: {}", message.unwrap_or("failed")),
-            };
-            anyhow::Error::from(e)
-        });
-    }
+    let first = failures(&v).map(anyhow::Error::from);
     Ok((v["removed"].as_array().cloned().unwrap_or_default(), first))
 }
 

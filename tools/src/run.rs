@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use strata_fs::api::Client;
+use strata_api::Client;
 use strata_fs::process::Process;
 
 use crate::exit::SandboxState;

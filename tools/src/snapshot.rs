@@ -19,11 +19,11 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
+use strata_api::Client;
 use strata_builder::build::{build_with, BuildOptions};
 use strata_builder::source::exclude::Excludes;
 use strata_builder::source::upper::{walk_upper, UpperSummary};
 use strata_builder::BuildError;
-use strata_fs::api::Client;
 use strata_registry::digest::Digest;
 use strata_registry::model::{
     BuiltOn, ImageConfig, LayerConfig, LayerKind, LayerStats, Manifest, ManifestLayer, TagName,

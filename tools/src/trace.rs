@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use strata_fs::api::{Client, ClientError, ErrorKind};
+use strata_api::{Client, ClientError, ErrorKind};
 use strata_prefetch::{layerplan, Plan, PlanEntry};
 use strata_registry::model::LayerDescriptor;
 use strata_registry::store::Store;

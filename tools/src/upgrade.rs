@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
-use strata_fs::api::Client;
+use strata_api::Client;
 
 use crate::holder::report::Upgrade;
 use crate::holder::server::Binary;

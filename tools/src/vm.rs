@@ -27,8 +27,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use base64::Engine;
 use serde_json::{json, Value};
+use strata_api::Client;
 use strata_builder::build::BuildOptions;
-use strata_fs::api::Client;
 use strata_fs::vm::MAX_DRIVES;
 use strata_registry::digest::Digest;
 use strata_registry::model::{ImageConfig, LayerKind, Manifest, ManifestLayer, SCHEMA};
@@ -98,7 +98,7 @@ pub fn vm(store: &Store, socket: &Path, a: VmArgs) -> Result<()> {
         "kind": "vm",
         "image": image_ref,
         "id": a.sandbox,
-        "reuse": crate::node::reuse(a.resume, a.fresh),
+        "reuse": strata_cli::node::reuse(a.resume, a.fresh),
     });
     if let Some(s) = &a.scratch_size {
         body["scratch_size"] = json!(s);

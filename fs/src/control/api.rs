@@ -1,5 +1,6 @@
 //! The control API: HTTP/1.1 and JSON on a Unix socket (`<runtime>/stratad.sock`), documented in
-//! `docs/API.md`, and the small client the CLI uses.
+//! `docs/API.md`. Its clients' side (the error kinds, the small client the CLI uses) is the
+//! `strata_api` crate.
 //!
 //! The protocol is deliberately small — one request per connection, `Content-Length` bodies, JSON in
 //! and out — so it needs no HTTP framework and any client (`curl --unix-socket`) can speak it. The socket
@@ -77,7 +78,7 @@ fn respond(stream: &mut UnixStream, status: u16, content_type: &str, body: &[u8]
     let _ = stream.write_all(body);
 }
 
-pub use crate::error_kind::ErrorKind;
+pub use strata_api::ErrorKind;
 
 /// An error reply: its status (the kind's) and JSON body.
 pub(crate) fn failure(kind: ErrorKind, message: &str) -> (u16, Value) {
@@ -289,89 +290,4 @@ pub fn serve_listener(
         });
     }
     Ok(())
-}
-
-/// Errors of the client.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("cannot reach stratad at {socket}: {source} (is the daemon running? start it with `stratad`)")]
-    Connect {
-        socket: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("stratad: {message}")]
-    Api {
-        status: u16,
-        kind: ErrorKind,
-        message: String,
-    },
-    #[error("stratad sent a bad reply: {0}")]
-    Reply(String),
-}
-
-/// A client of the control API.
-pub struct Client {
-    pub socket: PathBuf,
-}
-
-impl Client {
-    /// Sends one request; returns the JSON reply (or text, as a JSON string).
-    pub fn call(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<&Value>,
-    ) -> Result<Value, ClientError> {
-        self.call_within(method, path, body, None)
-    }
-
-    /// [`Client::call`] that gives up waiting for the reply after `timeout`.
-    pub fn call_within(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<&Value>,
-        timeout: Option<Duration>,
-    ) -> Result<Value, ClientError> {
-        let mut s = UnixStream::connect(&self.socket).map_err(|source| ClientError::Connect {
-            socket: self.socket.clone(),
-            source,
-        })?;
-        s.set_read_timeout(timeout)
-            .map_err(|e| ClientError::Reply(e.to_string()))?;
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: stratad\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        let io = |e: std::io::Error| ClientError::Reply(e.to_string());
-        s.write_all(req.as_bytes()).map_err(io)?;
-        let mut resp = Vec::new();
-        s.read_to_end(&mut resp).map_err(io)?;
-        let text = String::from_utf8_lossy(&resp);
-        let (head, body) = text
-            .split_once("\r\n\r\n")
-            .ok_or_else(|| ClientError::Reply("no header end".into()))?;
-        let status: u16 = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| ClientError::Reply("no status".into()))?;
-        let v: Value =
-            serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()));
-        if status >= 300 {
-            let message = v["error"]
-                .as_str()
-                .map_or_else(|| body.to_string(), str::to_string);
-            let kind = serde_json::from_value(v["kind"].clone())
-                .unwrap_or_else(|_| ErrorKind::from_status(status));
-            return Err(ClientError::Api {
-                status,
-                kind,
-                message,
-            });
-        }
-        Ok(v)
-    }
 }

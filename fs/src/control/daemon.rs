@@ -39,7 +39,6 @@ use crate::control::loops::Loops;
 use crate::control::modes::{ModeError, ModeReport, MountMode};
 use crate::control::state::{NodeState, StateError};
 use crate::control::trees::{Kept, Trees};
-use crate::error_kind::ErrorKind;
 use crate::fetch::{BlobHandle, Fetcher};
 use crate::fuse::session::{Options, Session};
 use crate::fuse::Channel;
@@ -47,6 +46,7 @@ use crate::metadir;
 use crate::metrics::Metrics;
 use crate::mount::{self, MountError};
 use crate::warming::Warming;
+use strata_api::ErrorKind;
 
 pub use crate::control::state::{Sandbox, SandboxState};
 

@@ -12,7 +12,7 @@
 //! FUSE ([`trees`]: `fuse`, its connections kept across server restarts), or over local view files the
 //! kernel asks the daemon to fill ([`views`]: `fanotify`). [`api`] is the HTTP adapter
 //! on the control socket: it parses requests, calls the daemon, and answers with the status of the
-//! error's kind ([`crate::error_kind`]).
+//! error's kind (`strata_api::ErrorKind`).
 //!
 //! The dependency runs one way: these modules call into the data plane (`crate::blobfs`,
 //! `crate::treefs`, `crate::fetch`, `crate::cache`, `crate::mount`, ...); the data plane never names

@@ -3,5 +3,5 @@
 //! `strata-under-test-full` beside it.
 
 fn main() {
-    strata_tools::lean_main();
+    strata_cli::lean_main();
 }

@@ -1,5 +1,5 @@
 //! `strata-full`: the whole `strata` CLI. The installed `strata` runs the node commands itself and
-//! hands every other command to this binary (see `strata_tools::lean_main`).
+//! hands every other command to this binary (see `strata_cli`).
 
 fn main() {
     strata_tools::main();

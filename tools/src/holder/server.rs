@@ -168,7 +168,7 @@ pub fn wait_ready(
     socket: &Path,
     limit: Option<Duration>,
 ) -> Result<(), StartError> {
-    let client = strata_fs::api::Client {
+    let client = strata_api::Client {
         socket: socket.to_path_buf(),
     };
     let start = Instant::now();

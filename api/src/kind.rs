@@ -1,11 +1,11 @@
 //! What kind of failure an error is: the one classification that both the control API's HTTP status
 //! and `strata`'s exit code are derived from.
 //!
-//! The node's core ([`crate::control::daemon::DaemonError::kind`]) says what kind each of its errors is; the
-//! HTTP adapter ([`crate::control::api`]) answers with [`ErrorKind::status`] and the kind itself (`"kind"` in
-//! the JSON body), and the CLI exits with [`ErrorKind::exit_code`] — so a failure inside stratad gets
-//! the same exit code as the same failure found by the CLI locally, and a status can never disagree
-//! with its kind. The core depends on this module, never on the HTTP adapter.
+//! The node's core (`strata_fs::control::daemon::DaemonError::kind`) says what kind each of its errors
+//! is; the HTTP adapter (`strata_fs::control::api`) answers with [`ErrorKind::status`] and the kind itself
+//! (`"kind"` in the JSON body), and the CLI exits with [`ErrorKind::exit_code`] — so a failure inside
+//! stratad gets the same exit code as the same failure found by the CLI locally, and a status can never
+//! disagree with its kind. The core depends on this crate, never on the HTTP adapter.
 
 use serde::{Deserialize, Serialize};
 
