@@ -1,6 +1,7 @@
 //! stratad's control API as its clients see it: what kind of failure an error reply reports
 //! ([`ErrorKind`], from which the daemon's HTTP status and `strata`'s exit code both derive) and the
-//! small client that speaks the protocol ([`Client`]).
+//! small client that speaks the protocol ([`Client`]), and the shapes clients read from its replies
+//! ([`Process`]).
 //!
 //! This crate is the contract between the daemon and everything that calls it — the CLI, the
 //! containerd snapshotter, tests — and depends on nothing of the daemon: the lean `strata` binary
@@ -11,6 +12,8 @@
 
 mod client;
 mod kind;
+mod process;
 
 pub use client::{Client, ClientError};
 pub use kind::ErrorKind;
+pub use process::{Process, User};

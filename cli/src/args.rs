@@ -1,11 +1,14 @@
-//! The lean parser: `mount` and `umount` and the options every `strata` command takes. The full CLI
-//! (`strata_tools::cli::Cli`) uses [`MountArgs`] and [`UmountArgs`] for the same commands, so the two
-//! parsers take them alike (`strata_tools`'s tests compare them).
+//! The lean parser: the per-sandbox commands (`mount`, `umount`, `rm`, `ps`, `bundle`, `run`) and the
+//! options every `strata` command takes. The full CLI (`strata_tools::cli::Cli`) uses these argument
+//! structs for the same commands, so the two parsers take them alike (`strata_tools`'s tests compare
+//! them).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+
+pub use crate::run::{RunArgs, Runtime};
 
 /// The control socket when neither `--socket` nor `STRATA_SOCKET` names one.
 pub const DEFAULT_SOCKET: &str = "/run/strata/stratad.sock";
@@ -13,9 +16,9 @@ pub const DEFAULT_SOCKET: &str = "/run/strata/stratad.sock";
 /// `--progress`'s values (the full CLI's `progress::Mode`; its tests check they agree).
 pub const PROGRESS_MODES: [&str; 4] = ["auto", "tty", "plain", "none"];
 
-/// The per-sandbox commands alone (`mount`, `umount`), what the lean binary parses: a node agent's
-/// `strata mount` then builds a command tree of two commands, not of the whole CLI (BENCHMARKS.md,
-/// "The CLI's own cost"). Anything else, help and errors included, goes to the full CLI.
+/// The per-sandbox commands alone, what the lean binary parses: a node agent's `strata mount` then
+/// builds a command tree of six commands, not of the whole CLI (BENCHMARKS.md, "The CLI's own cost").
+/// Anything else, help and errors included, goes to the full CLI.
 #[derive(Parser)]
 #[command(
     name = "strata",
@@ -30,7 +33,7 @@ pub struct NodeCli {
 }
 
 /// The global options as the lean parser takes them: the socket is used; the others are accepted and
-/// checked as the full CLI checks them (`mount` and `umount` need no store).
+/// checked as the full CLI checks them (these commands need no store).
 #[derive(clap::Args)]
 pub struct NodeGlobals {
     #[arg(long, global = true, env = "STRATA_SOCKET", default_value = DEFAULT_SOCKET)]
@@ -48,6 +51,10 @@ pub struct NodeGlobals {
 pub enum NodeCmd {
     Mount(MountArgs),
     Umount(UmountArgs),
+    Rm(RmArgs),
+    Ps(PsArgs),
+    Bundle(BundleArgs),
+    Run(RunArgs),
 }
 
 // `strata mount`'s arguments (its help text is the full CLI's `Cmd::Mount` variant's).
@@ -82,6 +89,47 @@ pub struct UmountArgs {
     /// With --purge: even if processes still run in the rootfs.
     #[arg(long, requires = "purge")]
     pub force: bool,
+}
+
+// `strata rm`'s arguments (its help text is the full CLI's `Cmd::Rm` variant's).
+#[derive(clap::Args)]
+pub struct RmArgs {
+    /// Sandbox ids (all removed in one request to stratad).
+    #[arg(required_unless_present_any = ["stopped", "all", "image"])]
+    pub sandboxes: Vec<String>,
+    /// Every stopped sandbox (left over after `strata umount` or a node restart).
+    #[arg(long)]
+    pub stopped: bool,
+    /// Every sandbox of the node, running or stopped.
+    #[arg(long)]
+    pub all: bool,
+    /// Every sandbox of this image (the tag or digest it was created from, or its manifest digest).
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// Even if processes still run in a sandbox's rootfs.
+    #[arg(long)]
+    pub force: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+// `strata ps`'s arguments.
+#[derive(clap::Args)]
+pub struct PsArgs {
+    #[arg(long)]
+    pub json: bool,
+}
+
+// `strata bundle`'s arguments.
+#[derive(clap::Args)]
+pub struct BundleArgs {
+    pub image: String,
+    #[arg(long)]
+    pub sandbox: String,
+    pub dir: PathBuf,
+    /// Command and arguments replacing the image's cmd (its entrypoint stays).
+    #[arg(last = true, value_name = "CMD")]
+    pub cmd: Vec<String>,
 }
 
 /// A positive number of seconds (`--store-timeout`, `--timeout`s).
@@ -146,7 +194,8 @@ mod tests {
             ],
             &["strata", "umount", "--sandbox", "a", "--force"],
             &["strata", "mount", "--help"],
-            &["strata", "ps"],
+            &["strata", "build", "."],
+            &["strata", "rm"],
         ] {
             assert!(node(refused).is_none(), "{refused:?}");
         }

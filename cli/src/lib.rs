@@ -1,17 +1,23 @@
 //! The `strata` program as installed: the lean binary a node agent starts once per sandbox.
 //!
-//! `strata mount` and `strata umount` run here, parsed by a parser of those two commands alone
-//! ([`args::NodeCli`]) and sent to stratad with the control API's small client ([`strata_api`]).
+//! The per-sandbox commands — `mount`, `umount`, `rm`, `ps`, `bundle`, `run` — run here, parsed by a
+//! parser of those alone ([`args::NodeCli`]) and sent to stratad with the control API's small client
+//! ([`strata_api`]).
 //! Every other command — and every help text or parse error, so that they read as the full CLI's —
 //! is handed, with the same arguments, to the full CLI: the binary named as this one with `-full`
 //! appended, beside it (`strata-full`), else `strata-full` on `PATH` (`strata_tools`). So this binary
 //! links neither the store clients (their TLS library runs CPU probes in a constructor at every
 //! start), nor RocksDB, nor the builder, nor a log subscriber, and `scripts/install` links it
 //! statically: its start is a small static program's, no dynamic loader, no relocation of a large
-//! image (BENCHMARKS.md, "The CLI's own cost": 1.3 → 0.6 ms a process, `/bin/true`'s time here).
+//! image (BENCHMARKS.md, "The CLI's own cost": `strata mount` 1.3 → 0.6 ms a process, `/bin/true`'s time
+//! here; `strata rm` 2.0 → 0.7 ms).
 
 pub mod args;
+pub mod bundle;
 pub mod node;
+pub mod ps;
+pub mod run;
+pub mod signals;
 
 use std::ffi::OsString;
 
@@ -20,26 +26,52 @@ use clap::Parser;
 use crate::args::{NodeCli, NodeCmd};
 use crate::node::NodeError;
 
-/// `strata`'s `main`: runs `mount` and `umount`, hands anything else to the full CLI.
+/// A sandbox whose state forbids the request (exit 7), found outside stratad: a VM still running, a
+/// process stratad could not resolve in the image.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SandboxState(pub String);
+
+/// `strata`'s `main`: runs the per-sandbox commands, hands anything else to the full CLI.
 pub fn lean_main() {
     die_quietly_on_broken_pipes();
     let argv: Vec<OsString> = std::env::args_os().collect();
-    let Ok(cli) = NodeCli::try_parse_from(&argv) else {
+    let Ok(NodeCli { globals, cmd }) = NodeCli::try_parse_from(&argv) else {
         exec_full(&argv)
     };
-    let socket = &cli.globals.socket;
-    let done = match &cli.cmd {
-        NodeCmd::Mount(a) => node::mount(socket, a),
-        NodeCmd::Umount(a) => node::umount(socket, a),
+    let socket = &globals.socket;
+    let done = match cmd {
+        NodeCmd::Mount(a) => node::mount(socket, &a).map_err(anyhow::Error::from),
+        NodeCmd::Umount(a) => node::umount(socket, &a).map_err(anyhow::Error::from),
+        NodeCmd::Rm(a) => node::rm(socket, &a).map_err(anyhow::Error::from),
+        NodeCmd::Ps(a) => ps::ps(socket, a.json),
+        NodeCmd::Bundle(a) => bundle::bundle(socket, &a.image, &a.sandbox, &a.dir, &a.cmd),
+        NodeCmd::Run(a) => run::run(socket, a),
     };
-    match done {
-        Ok(()) => {}
-        Err(NodeError::NoBatchRoute) => exec_full(&argv),
-        Err(e) => {
-            eprintln!("strata: error: {}", message(&e));
-            std::process::exit(e.exit_code());
+    if let Err(e) = done {
+        if let Some(NodeError::NoBatchRoute) = e.downcast_ref() {
+            exec_full(&argv)
         }
+        eprintln!("strata: error: {}", message(e.as_ref()));
+        std::process::exit(exit_code(&e));
     }
+}
+
+/// The documented exit code (`docs/CLI.md`) of an error of these commands.
+pub fn exit_code(e: &anyhow::Error) -> i32 {
+    e.chain().find_map(code_of).unwrap_or(1)
+}
+
+/// The exit code one cause of an error decides, if it is one of this crate's or the client's; the
+/// full CLI asks this too.
+pub fn code_of(cause: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    if let Some(n) = cause.downcast_ref::<NodeError>() {
+        return Some(n.exit_code());
+    }
+    if let Some(c) = cause.downcast_ref::<strata_api::ClientError>() {
+        return Some(c.exit_code());
+    }
+    cause.downcast_ref::<SandboxState>().map(|_| 7)
 }
 
 /// An error and its causes on one line, each said once: a part whose text an earlier part already

@@ -1,5 +1,5 @@
-//! `strata mount` and `strata umount` against stratad's control socket, and what the full CLI shares
-//! with them: the `reuse` a request asks for, and reading a batch delete's reply.
+//! `strata mount`, `umount` and `rm` against stratad's control socket, and what the full CLI shares
+//! with them: the `reuse` a request asks for, the batch delete's request and the reading of its reply.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 use strata_api::{Client, ClientError, ErrorKind};
 
-use crate::args::{MountArgs, UmountArgs};
+use crate::args::{MountArgs, RmArgs, UmountArgs};
 
 /// A failure of `mount` or `umount`.
 #[derive(Debug, thiserror::Error)]
@@ -89,15 +89,52 @@ pub fn mount(socket: &Path, a: &MountArgs) -> Result<(), NodeError> {
 
 /// `strata umount`: stops the sandboxes (one batch request), or with `--purge` removes them.
 pub fn umount(socket: &Path, a: &UmountArgs) -> Result<(), NodeError> {
+    let reply = batch(socket, &umount_request(a))?.ok_or(NodeError::NoBatchRoute)?;
+    failures(&reply).map_or(Ok(()), |e| Err(e.into()))
+}
+
+/// `strata rm`: purges the sandboxes the arguments name (ids, `--all`, `--image`, `--stopped`: see
+/// `POST /v1/sandboxes/delete` in docs/API.md) in one request; all are tried, the first failure is
+/// reported after the removed ones are listed.
+pub fn rm(socket: &Path, a: &RmArgs) -> Result<(), NodeError> {
+    let reply = batch(socket, &rm_request(a))?.ok_or(NodeError::NoBatchRoute)?;
+    print_removed(&reply, a.json)?;
+    failures(&reply).map_or(Ok(()), |e| Err(e.into()))
+}
+
+/// The batch delete `strata umount` sends.
+pub fn umount_request(a: &UmountArgs) -> Value {
+    json!({"ids": a.sandbox, "purge": a.purge, "force": a.force})
+}
+
+/// The batch delete `strata rm` sends.
+pub fn rm_request(a: &RmArgs) -> Value {
+    json!({"ids": a.sandboxes, "stopped": a.stopped, "all": a.all, "image": a.image,
+           "purge": true, "force": a.force})
+}
+
+/// One batch delete (`POST /v1/sandboxes/delete`): its reply, or `None` from a daemon older than the
+/// route.
+pub fn batch(socket: &Path, body: &Value) -> Result<Option<Value>, ClientError> {
     let c = Client {
         socket: socket.to_path_buf(),
     };
-    let body = json!({"ids": a.sandbox, "purge": a.purge, "force": a.force});
-    let reply = match c.call("POST", "/v1/sandboxes/delete", Some(&body)) {
-        Err(e) if is_no_route(&e) => return Err(NodeError::NoBatchRoute),
-        r => r?,
-    };
-    failures(&reply).map_or(Ok(()), |e| Err(e.into()))
+    match c.call("POST", "/v1/sandboxes/delete", Some(body)) {
+        Err(e) if is_no_route(&e) => Ok(None),
+        r => r.map(Some),
+    }
+}
+
+/// Prints the ids a batch delete removed, one a line or as `{"removed": [...]}`.
+pub fn print_removed(reply: &Value, json_out: bool) -> Result<(), NodeError> {
+    let removed = reply["removed"].as_array().into_iter().flatten();
+    let ids: Vec<&str> = removed.filter_map(|s| s["id"].as_str()).collect();
+    let mut out = std::io::stdout().lock();
+    match json_out {
+        true => writeln!(out, "{}", json!({"removed": ids})),
+        false => ids.iter().try_for_each(|id| writeln!(out, "{id}")),
+    }
+    .map_err(NodeError::Output)
 }
 
 /// Whether a batch request failed only because the daemon predates its route.
@@ -162,6 +199,58 @@ mod tests {
         assert!(is_no_route(&api(404, "no route POST /v1/sandboxes/delete")));
         assert!(!is_no_route(&api(404, "no such sandbox a")));
         assert!(!is_no_route(&api(400, "no route")));
+    }
+
+    /// A daemon older than the batch route: every request gets its 404.
+    fn old_daemon(n: usize) -> (tempfile::TempDir, std::thread::JoinHandle<()>) {
+        use std::io::{BufRead, BufReader};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let listener = std::os::unix::net::UnixListener::bind(dir.path().join("s")).expect("bind");
+        let server = std::thread::spawn(move || {
+            for stream in listener.incoming().take(n).flatten() {
+                let mut r = BufReader::new(&stream);
+                let mut line = String::new();
+                while r.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                let body = r#"{"error":"no route POST /v1/sandboxes/delete","kind":"not_found"}"#;
+                let mut w = &stream;
+                let _ = write!(
+                    w,
+                    "HTTP/1.1 404 X\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        (dir, server)
+    }
+
+    #[test]
+    fn an_old_daemon_leaves_rm_and_umount_to_the_full_cli() {
+        let (dir, server) = old_daemon(2);
+        let socket = dir.path().join("s");
+        let rm_args = RmArgs {
+            sandboxes: vec!["a".into()],
+            stopped: false,
+            all: false,
+            image: None,
+            force: false,
+            json: false,
+        };
+        assert!(matches!(
+            rm(&socket, &rm_args),
+            Err(NodeError::NoBatchRoute)
+        ));
+        let umount_args = UmountArgs {
+            sandbox: vec!["a".into()],
+            purge: true,
+            force: false,
+        };
+        assert!(matches!(
+            umount(&socket, &umount_args),
+            Err(NodeError::NoBatchRoute)
+        ));
+        server.join().expect("server");
     }
 
     #[test]

@@ -9,7 +9,6 @@
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
 use strata_registry::model::ImageConfig;
 
 /// Why the image's user could not be resolved.
@@ -21,33 +20,17 @@ pub enum ProcessError {
     NoGroup(String),
 }
 
-/// Numeric user and group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct User {
-    pub uid: u32,
-    pub gid: u32,
-}
+pub use strata_api::{Process, User};
 
-/// What to start: as in an OCI runtime config's `process`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Process {
-    pub args: Vec<String>,
-    pub env: Vec<String>,
-    pub cwd: String,
-    pub user: User,
-}
-
-impl Process {
-    /// The process of `cfg` in the image whose root is `rootfs`.
-    pub fn of(rootfs: &Path, cfg: &ImageConfig) -> Result<Process, ProcessError> {
-        let (uid, gid) = resolve_user(rootfs, cfg.user.as_deref())?;
-        Ok(Process {
-            args: cfg.args(),
-            env: cfg.process_env(),
-            cwd: cfg.cwd(),
-            user: User { uid, gid },
-        })
-    }
+/// The process of `cfg` in the image whose root is `rootfs`.
+pub fn image_process(rootfs: &Path, cfg: &ImageConfig) -> Result<Process, ProcessError> {
+    let (uid, gid) = resolve_user(rootfs, cfg.user.as_deref())?;
+    Ok(Process {
+        args: cfg.args(),
+        env: cfg.process_env(),
+        cwd: cfg.cwd(),
+        user: User { uid, gid },
+    })
 }
 
 /// Reads `rootfs/etc/NAME` as the image has it: a symlink there or a missing file reads as empty.
@@ -136,7 +119,7 @@ mod tests {
         std::fs::remove_file(root.join("etc/passwd")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", root.join("etc/passwd")).unwrap();
         assert!(resolve_user(root, Some("root")).is_err());
-        let p = Process::of(root, &ImageConfig::default()).unwrap();
+        let p = image_process(root, &ImageConfig::default()).unwrap();
         assert_eq!(p.args, vec!["/bin/sh".to_string()]);
         assert_eq!((p.cwd.as_str(), p.user), ("/", User { uid: 0, gid: 0 }));
     }

@@ -4,12 +4,11 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use serde_json::json;
 use strata_registry::store::{Store, StoreOptions, DEFAULT_STORE};
 
 use crate::{
     catalog, compose, copy, export, images, import, index, layers, manual, node, progress,
-    registry, run, snapshot, trace, view, vm,
+    registry, snapshot, trace, view, vm,
 };
 
 /// strata: lazily loaded, deduplicated EROFS images for agent sandboxes.
@@ -47,7 +46,9 @@ pub struct Globals {
     pub progress: progress::Mode,
 }
 
-pub use strata_cli::args::{parse_secs, MountArgs, UmountArgs};
+pub use strata_cli::args::{
+    parse_secs, BundleArgs, MountArgs, PsArgs, RmArgs, RunArgs, UmountArgs,
+};
 
 #[derive(Subcommand)]
 pub enum Cmd {
@@ -89,47 +90,18 @@ pub enum Cmd {
     /// Stop a sandbox: remove its rootfs (its upper directory stays, for pack_diff or --resume, unless --purge).
     Umount(UmountArgs),
     /// Remove sandboxes for good: rootfs, upper and work directories, record.
-    Rm {
-        /// Sandbox ids (all removed in one request to stratad).
-        #[arg(required_unless_present_any = ["stopped", "all", "image"])]
-        sandboxes: Vec<String>,
-        /// Every stopped sandbox (left over after `strata umount` or a node restart).
-        #[arg(long)]
-        stopped: bool,
-        /// Every sandbox of the node, running or stopped.
-        #[arg(long)]
-        all: bool,
-        /// Every sandbox of this image (the tag or digest it was created from, or its manifest digest).
-        #[arg(long, value_name = "IMAGE")]
-        image: Option<String>,
-        /// Even if processes still run in a sandbox's rootfs.
-        #[arg(long)]
-        force: bool,
-        #[arg(long)]
-        json: bool,
-    },
+    Rm(RmArgs),
     /// Manage the node daemon.
     #[command(subcommand)]
     Daemon(node::DaemonCmd),
     /// Sandboxes, layers mounted, bytes fetched against image size, cache use.
-    Ps {
-        #[arg(long)]
-        json: bool,
-    },
+    Ps(PsArgs),
     /// Mount a sandbox and write an OCI runtime bundle (DIR/config.json) that `runc run` starts.
-    Bundle {
-        image: String,
-        #[arg(long)]
-        sandbox: String,
-        dir: PathBuf,
-        /// Command and arguments replacing the image's cmd (its entrypoint stays).
-        #[arg(last = true, value_name = "CMD")]
-        cmd: Vec<String>,
-    },
+    Bundle(BundleArgs),
     /// Run an image as its config says (env, working directory, user, entrypoint and cmd) in a sandbox
     /// through stratad, with bubblewrap or runc; exits with the process's status; removes the sandbox
     /// afterwards unless --keep.
-    Run(run::RunArgs),
+    Run(RunArgs),
     /// A microVM sandbox through stratad: the image's layers as drives, a scratch drive, and a launch
     /// description in DIR (vm.json, qemu.sh, ...). See docs/VM.md.
     Vm(vm::VmArgs),
@@ -263,48 +235,35 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Gc(a) => catalog::gc(&store, a),
         Cmd::Index(c) => index::index(&store, c),
         Cmd::Mount(_)
-        | Cmd::Bundle { .. }
+        | Cmd::Bundle(_)
         | Cmd::Run(_)
         | Cmd::Umount(_)
-        | Cmd::Rm { .. }
+        | Cmd::Rm(_)
         | Cmd::Daemon(_)
         | Cmd::Completions(_)
         | Cmd::Man(_)
         | Cmd::Login(_)
         | Cmd::Logout { .. }
-        | Cmd::Ps { .. } => Ok(()),
+        | Cmd::Ps(_) => Ok(()),
     }
 }
 
 /// Runs `cli` if it is a command that needs no store (it talks to stratad, or prints help text):
-/// `None` when it ran, else the command back. (The lean `strata` binary, `strata_cli`, runs `mount`
-/// and `umount` itself and hands everything else to this program.)
+/// `None` when it ran, else the command back. (The lean `strata` binary, `strata_cli`, runs the
+/// per-sandbox commands itself and hands everything else to this program.)
 pub fn run_node(cli: Cli) -> Result<Option<Cli>> {
     progress::set_mode(cli.globals.progress);
     let socket = &cli.globals.socket;
     match cli.cmd {
         Cmd::Mount(a) => Ok(strata_cli::node::mount(socket, &a).map(|()| None)?),
         Cmd::Umount(a) => node::umount(socket, &a).map(|()| None),
-        Cmd::Rm {
-            sandboxes,
-            stopped,
-            all,
-            image,
-            force,
-            json,
-        } => {
-            let sel = json!({"ids": sandboxes, "stopped": stopped, "all": all, "image": image});
-            node::rm(socket, sel, force, json).map(|()| None)
-        }
+        Cmd::Rm(a) => node::rm(socket, &a).map(|()| None),
         Cmd::Daemon(c) => node::daemon(socket, c).map(|()| None),
-        Cmd::Ps { json } => node::ps(socket, json).map(|()| None),
-        Cmd::Bundle {
-            image,
-            sandbox,
-            dir,
-            cmd,
-        } => node::bundle(socket, &image, &sandbox, &dir, &cmd).map(|()| None),
-        Cmd::Run(a) => run::run(socket, a).map(|()| None),
+        Cmd::Ps(a) => strata_cli::ps::ps(socket, a.json).map(|()| None),
+        Cmd::Bundle(a) => {
+            strata_cli::bundle::bundle(socket, &a.image, &a.sandbox, &a.dir, &a.cmd).map(|()| None)
+        }
+        Cmd::Run(a) => strata_cli::run::run(socket, a).map(|()| None),
         Cmd::Completions(a) => manual::completions(a).map(|()| None),
         Cmd::Man(a) => manual::man(a).map(|()| None),
         Cmd::Login(a) => registry::login(a).map(|()| None),
@@ -358,6 +317,52 @@ mod tests {
     }
 
     #[test]
+    fn the_lean_parser_takes_the_other_sandbox_commands_as_the_full_one_does() {
+        for argv in [
+            &["strata", "rm", "--all", "--force", "--json"][..],
+            &["strata", "rm", "a", "b"],
+            &["strata", "ps", "--json"],
+            &[
+                "strata",
+                "bundle",
+                "img:v1",
+                "--sandbox",
+                "s",
+                "/d",
+                "--",
+                "sh",
+                "-c",
+                "x",
+            ],
+            &[
+                "strata",
+                "run",
+                "img:v1",
+                "--runtime",
+                "runc",
+                "--keep",
+                "--",
+                "true",
+            ],
+        ] {
+            let full = Cli::try_parse_from(argv).expect("full");
+            let lean = node(argv).expect("lean");
+            let same = match (&lean.cmd, &full.cmd) {
+                (NodeCmd::Rm(l), Cmd::Rm(f)) => (l.sandboxes == f.sandboxes) & (l.all == f.all),
+                (NodeCmd::Ps(l), Cmd::Ps(f)) => l.json == f.json,
+                (NodeCmd::Bundle(l), Cmd::Bundle(f)) => (l.cmd == f.cmd) & (l.dir == f.dir),
+                (NodeCmd::Run(l), Cmd::Run(f)) => (l.cmd == f.cmd) & (l.runtime == f.runtime),
+                _ => false,
+            };
+            assert!(same, "{argv:?}");
+        }
+        // A command line either parser refuses is the full one's to explain.
+        for argv in [&["strata", "rm"][..], &["strata", "bundle", "img"]] {
+            assert!(node(argv).is_none() && Cli::try_parse_from(argv).is_err());
+        }
+    }
+
+    #[test]
     fn everything_else_is_left_to_the_full_parser() {
         for argv in [
             &["strata", "--help"][..],
@@ -366,7 +371,8 @@ mod tests {
             &["strata", "mount", "img"],
             &["strata", "umount", "--sandbox", "a", "--force"],
             &["strata", "--progress", "loud", "umount", "--sandbox", "a"],
-            &["strata", "ps"],
+            &["strata", "images"],
+            &["strata", "daemon", "status"],
             &["strata", "build", "."],
             &["strata"],
         ] {

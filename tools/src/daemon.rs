@@ -27,7 +27,8 @@ use strata_fs::modes::ModeRequest;
 use strata_fs::size::parse_size;
 use strata_fs::trees::Kept;
 
-use crate::{holder, signals, systemd};
+use crate::{holder, systemd};
+use strata_cli::signals;
 
 /// The configuration file read when `--config` is not given (it may be missing).
 const DEFAULT_CONFIG: &str = "/etc/strata/stratad.toml";

@@ -15,11 +15,9 @@
 //! whose exit code (`ErrorKind::exit_code`, beside the HTTP status it derives too) is the code the same
 //! failure gets locally.
 
-use strata_api::ClientError;
 use strata_builder::oci::export::ExportError;
 use strata_builder::oci::OciError;
 use strata_builder::BuildError;
-use strata_cli::node::NodeError;
 
 use crate::catalog::BrokenTags;
 use strata_registry::gc::GcError;
@@ -32,10 +30,7 @@ use strata_registry::store::StoreError;
 #[error("{0}")]
 pub struct NotFound(pub String);
 
-/// A sandbox whose state forbids the request (exit 7), found outside stratad: a VM still running.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct SandboxState(pub String);
+pub use strata_cli::SandboxState;
 
 /// A usage error found after argument parsing.
 #[derive(Debug, thiserror::Error)]
@@ -114,20 +109,15 @@ pub fn code(e: &anyhow::Error) -> i32 {
                 ExportError::Io { .. } | ExportError::Unsupported(_) => 1,
             };
         }
-        if let Some(c) = cause.downcast_ref::<ClientError>() {
-            return c.exit_code();
-        }
-        if let Some(n) = cause.downcast_ref::<NodeError>() {
-            return n.exit_code();
+        // The per-sandbox commands' errors and the control API client's.
+        if let Some(c) = strata_cli::code_of(cause) {
+            return c;
         }
         if cause.downcast_ref::<ModelError>().is_some() || cause.downcast_ref::<Usage>().is_some() {
             return 2;
         }
         if cause.downcast_ref::<NotFound>().is_some() {
             return 3;
-        }
-        if cause.downcast_ref::<SandboxState>().is_some() {
-            return 7;
         }
     }
     1

@@ -8,6 +8,8 @@ use strata_registry::model::{
 };
 use strata_registry::store::{Store, StoreError, TagState};
 
+pub use strata_cli::ps::human;
+
 use crate::exit::{NotFound, Usage};
 
 /// What a reference named.
@@ -253,22 +255,6 @@ pub fn tag(store: &Store, a: TagArgs) -> Result<()> {
     store.tag_set(&t, prev.as_ref(), &digest)?;
     println!("{t} {digest}");
     Ok(())
-}
-
-/// Bytes for humans.
-pub fn human(n: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
 }
 
 fn layer_json(d: &Digest, l: &LayerDescriptor) -> serde_json::Value {

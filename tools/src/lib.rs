@@ -26,8 +26,6 @@ mod manual;
 mod node;
 mod progress;
 mod registry;
-mod run;
-mod signals;
 mod snapshot;
 mod systemd;
 mod trace;

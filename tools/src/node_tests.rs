@@ -73,10 +73,14 @@ fn rm_by_image_falls_back_to_one_delete_per_sandbox_on_an_old_daemon() {
         std::thread::spawn(move || old_daemon(listener, 4, seen))
     };
     let body = json!({"image": "x:v1", "purge": true, "force": false});
-    let (removed, failed) = super::delete(&socket, body).expect("delete");
+    let reply = super::delete(&socket, &body).expect("delete");
     server.join().expect("server");
-    assert_eq!(removed.len(), 1, "a removed");
-    let e = failed.expect("c refused");
+    assert_eq!(
+        reply["removed"].as_array().map(Vec::len),
+        Some(1),
+        "a removed"
+    );
+    let e = anyhow::Error::from(strata_cli::node::failures(&reply).expect("c refused"));
     assert_eq!(crate::exit::code(&e), 7, "a sandbox-state failure: {e}");
     assert!(e.to_string().contains("c: processes 7"), "{e}");
     assert_eq!(

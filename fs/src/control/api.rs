@@ -110,7 +110,7 @@ fn sandbox_json(d: &Daemon, s: &crate::control::daemon::Sandbox) -> Value {
 fn sandbox_with_process(d: &Daemon, s: &crate::control::daemon::Sandbox) -> Value {
     let mut v = sandbox_json(d, s);
     if s.state == crate::control::state::SandboxState::Running {
-        match crate::process::Process::of(&s.rootfs, &s.config) {
+        match crate::process::image_process(&s.rootfs, &s.config) {
             Ok(p) => v["process"] = json!(p),
             Err(e) => v["process_error"] = json!(e.to_string()),
         }

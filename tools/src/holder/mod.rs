@@ -41,7 +41,7 @@ use rustix::io::{fcntl_setfd, FdFlags};
 use rustix::process::{kill_process, Pid, Signal};
 use strata_fs::daemon::Config;
 
-use crate::signals;
+use strata_cli::signals;
 
 pub mod locks;
 pub mod report;

@@ -1,6 +1,6 @@
 //! `strata run`: a sandbox of an image, started as the image's config says, through stratad.
 //!
-//! stratad creates the sandbox and reports its process ([`strata_fs::process::Process`]: entrypoint and
+//! stratad creates the sandbox and reports its process ([`strata_api::Process`]: entrypoint and
 //! cmd, env with a `PATH`, working directory, user resolved in the image's own `/etc/passwd`); a command
 //! after `--` replaces the cmd (the entrypoint stays, as `docker run IMAGE CMD…` does). The process runs
 //! in the foreground with this program's standard input, output and error:
@@ -25,10 +25,9 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use strata_api::Client;
-use strata_fs::process::Process;
+use strata_api::{Client, Process};
 
-use crate::exit::SandboxState;
+use crate::SandboxState;
 
 /// The runtime that starts the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -184,7 +183,7 @@ fn start(runtime: Runtime, rootfs: &Path, p: &Process, id: &str) -> Result<i32> 
                 .prefix("strata-run-")
                 .tempdir()
                 .context("creating a bundle directory")?;
-            let cfg = crate::node::runtime_config(rootfs, p, id);
+            let cfg = crate::bundle::runtime_config(rootfs, p, id);
             std::fs::write(dir.path().join("config.json"), serde_json::to_vec(&cfg)?)
                 .context("writing the bundle's config.json")?;
             let mut c = Command::new("runc");
