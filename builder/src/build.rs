@@ -35,7 +35,7 @@ use crate::dedup::{DedupReport, Known};
 use crate::devices::Devices;
 use crate::elfdeps;
 use crate::erofs;
-use crate::error::BuildError;
+use crate::error::{BuildError, TarError};
 use crate::layout::{self, Class, Compiled, Layout};
 use crate::source::exclude::Excludes;
 use crate::source::{Entry, EntryKind, EntrySink, Existing, FileSource};
@@ -244,15 +244,19 @@ impl LayerBuilder {
                 FileSource::Stream(r) => {
                     r.take(size)
                         .read_to_end(&mut bytes)
-                        .map_err(|e| BuildError::Tar(format!("{}: {e}", shown())))?;
+                        .map_err(|source| TarError::Data {
+                            path: shown(),
+                            source,
+                        })?;
                 }
             }
             if bytes.len() as u64 != size {
-                return Err(BuildError::Tar(format!(
-                    "{}: expected {size} bytes, got {} (truncated input or file changed while building)",
-                    shown(),
-                    bytes.len()
-                )));
+                return Err(TarError::Short {
+                    path: shown(),
+                    expected: size,
+                    got: bytes.len() as u64,
+                }
+                .into());
             }
             self.tree.insert(
                 path,
@@ -484,12 +488,11 @@ impl LayerBuilder {
 
 fn read_exact_stream(r: &mut dyn Read, len: u64, path: &[u8]) -> Result<Vec<u8>, BuildError> {
     let mut buf = vec![0u8; len as usize];
-    r.read_exact(&mut buf).map_err(|e| {
-        BuildError::Tar(format!(
-            "{}: file data ends early ({e}): truncated stream?",
-            String::from_utf8_lossy(path)
-        ))
-    })?;
+    r.read_exact(&mut buf)
+        .map_err(|source| TarError::Truncated {
+            path: String::from_utf8_lossy(path).into_owned(),
+            source,
+        })?;
     Ok(buf)
 }
 

@@ -16,7 +16,7 @@ pub mod error;
 pub mod source;
 pub mod tree;
 
-pub use error::BuildError;
+pub use error::{BuildError, TarError, TarPlace};
 pub mod build;
 pub mod chunker;
 pub mod chunkmap;

@@ -33,7 +33,7 @@ pub(crate) struct LowerLayer {
 }
 
 pub(crate) fn erofs(e: crate::erofs::ErofsError) -> BuildError {
-    BuildError::Erofs(format!("reading a lower layer's metadata: {e}"))
+    BuildError::LowerMetadata(e)
 }
 
 /// What one layer says about a path.

@@ -15,7 +15,7 @@ use strata_registry::store::Store;
 
 use crate::chunkmap::{ChunkDigests, ChunkLookupError};
 use crate::erofs::Layout;
-use crate::error::BuildError;
+use crate::error::{BuildError, TarError};
 use crate::lower::{erofs, meta_of, LowerView};
 use crate::source::{Entry, EntryKind};
 use crate::tree::{S_IFBLK, S_IFCHR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK};
@@ -47,12 +47,12 @@ impl<'s> LinksBelow<'s> {
         path: &[u8],
         target: &[u8],
     ) -> Result<(Entry, Option<Vec<u8>>), BuildError> {
-        let fail = |why: &str| {
-            BuildError::Tar(format!(
-                "entry {:?}: hard link to {:?}, {why}",
-                show(path),
-                show(target)
-            ))
+        let fail = |why: &'static str| {
+            BuildError::from(TarError::HardLink {
+                path: show(path),
+                target: show(target),
+                why,
+            })
         };
         if let Some(first) = self.copies.get(target) {
             let entry = Entry {
@@ -74,7 +74,11 @@ impl<'s> LinksBelow<'s> {
                     .file_chunks(&layer.image, &layer.blobs, &inode)
                     .map_err(|e| match e {
                         ChunkLookupError::Store(s) => BuildError::Store(s),
-                        e => fail(&e.to_string()),
+                        source => BuildError::from(TarError::LinkedChunks {
+                            path: show(path),
+                            target: show(target),
+                            source,
+                        }),
                     })?;
                 EntryKind::StoredFile {
                     size: inode.size,

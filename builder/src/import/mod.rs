@@ -43,7 +43,7 @@ use strata_registry::model::{LayerDescriptor, LayerKind};
 use strata_registry::store::{key, Store, StoreError, SPOOL_GRACE};
 
 use crate::build::{build_with, BuildOptions};
-use crate::error::BuildError;
+use crate::error::{BuildError, TarError};
 use crate::oci::verify::Hashing;
 use crate::oci::{OciError, OciImage, OciLayer, Sha256Digest};
 use crate::source::{tar, EntrySink};
@@ -294,9 +294,10 @@ fn read_layer(layer: &OciLayer, sink: &mut dyn EntrySink) -> Result<(), BuildErr
     let (digest, size) = raw.finish().map_err(|e| read_error(layer, e))?;
     check_blob(layer, digest, size)?;
     let plain = parsed?;
-    let (diff_id, _) = plain
-        .finish()
-        .map_err(|e| BuildError::Tar(format!("{}: {e}", layer.name())))?;
+    let (diff_id, _) = plain.finish().map_err(|source| TarError::Layer {
+        layer: layer.name(),
+        source,
+    })?;
     check_diff_id(layer, diff_id)?;
     Ok(())
 }
@@ -311,9 +312,10 @@ fn verify_only(layer: &OciLayer) -> Result<(), BuildError> {
         return Ok(());
     }
     let whole = Hashing::new(tar::open_stream(Box::new(raw))?);
-    let (diff_id, _) = whole
-        .finish()
-        .map_err(|e| BuildError::Tar(format!("{}: {e}", layer.name())))?;
+    let (diff_id, _) = whole.finish().map_err(|source| TarError::Layer {
+        layer: layer.name(),
+        source,
+    })?;
     check_diff_id(layer, diff_id)?;
     Ok(())
 }

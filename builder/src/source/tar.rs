@@ -45,7 +45,7 @@ use std::io::{self, BufReader, Read};
 use tar::{Archive, EntryType, Header};
 
 use super::{join, Entry, EntryKind, EntrySink, FileSource};
-use crate::error::BuildError;
+use crate::error::{BuildError, TarError, TarPlace};
 use crate::tree::Meta;
 
 const BLOCK: u64 = 512;
@@ -62,7 +62,7 @@ pub fn open_stream(mut reader: Box<dyn Read + Send>) -> Result<Box<dyn Read + Se
             Ok(0) => break,
             Ok(k) => n += k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(BuildError::Tar(format!("reading the stream: {e}"))),
+            Err(e) => return Err(TarError::Read(e).into()),
         }
     }
     let head = magic[..n].to_vec();
@@ -78,7 +78,7 @@ pub fn open_stream(mut reader: Box<dyn Read + Send>) -> Result<Box<dyn Read + Se
         ))
     } else if zstd {
         let decoder = zstd::stream::read::Decoder::with_buffer(input);
-        let decoder = decoder.map_err(|e| BuildError::Tar(format!("starting zstd: {e}")))?;
+        let decoder = decoder.map_err(|e| BuildError::from(TarError::Zstd(e)))?;
         Box::new(BufReader::with_capacity(BUF, decoder))
     } else {
         Box::new(input)
@@ -117,9 +117,9 @@ fn read_tar_checked(
         links_below: layer,
         last: None,
     };
-    let entries = archive.entries().map_err(|e| state.stream_error(e))?;
+    let entries = archive.entries().map_err(|e| state.stream_io(e))?;
     for item in entries {
-        let entry = item.map_err(|e| state.stream_error(e))?;
+        let entry = item.map_err(|e| state.stream_io(e))?;
         state.member(entry, sink)?;
     }
     state.finish(&mut archive.into_inner(), layer)
@@ -176,11 +176,24 @@ fn show(path: &[u8]) -> String {
     String::from_utf8_lossy(path).into_owned()
 }
 
+fn entry_place(tap: &RefCell<Tap>, path: &str) -> TarPlace {
+    TarPlace::Entry {
+        path: path.to_string(),
+        at: tap.borrow().pos,
+    }
+}
+
+/// A member's bytes that are not valid tar.
 fn entry_error(tap: &RefCell<Tap>, path: &str, why: impl Display) -> BuildError {
-    BuildError::Tar(format!(
-        "entry {path:?} (at byte {}): {why}",
-        tap.borrow().pos
-    ))
+    let place = entry_place(tap, path);
+    let why = why.to_string();
+    TarError::Malformed { place, why }.into()
+}
+
+/// A member's bytes that could not be read.
+fn entry_io(tap: &RefCell<Tap>, path: &str, source: io::Error) -> BuildError {
+    let place = entry_place(tap, path);
+    TarError::Stream { place, source }.into()
 }
 
 /// One member as parsed from the recorded bytes.
@@ -194,12 +207,27 @@ struct Member<'a> {
 }
 
 impl State<'_> {
+    fn place(&self) -> TarPlace {
+        let at = self.tap.borrow().pos;
+        match &self.last {
+            Some(last) => TarPlace::After {
+                last: last.clone(),
+                at,
+            },
+            None => TarPlace::Start { at },
+        }
+    }
+
+    /// Bytes between members that are not valid tar.
     fn stream_error(&self, why: impl Display) -> BuildError {
-        let pos = self.tap.borrow().pos;
-        BuildError::Tar(match &self.last {
-            Some(last) => format!("after entry {last:?}, at byte {pos}: {why}"),
-            None => format!("before the first entry, at byte {pos}: {why}"),
-        })
+        let (place, why) = (self.place(), why.to_string());
+        TarError::Malformed { place, why }.into()
+    }
+
+    /// Bytes between members that could not be read (the tar crate's header errors included).
+    fn stream_io(&self, source: io::Error) -> BuildError {
+        let place = self.place();
+        TarError::Stream { place, source }.into()
     }
 
     /// Handles one member: converts it, hands it to the sink and consumes whatever data is left.
@@ -249,9 +277,9 @@ impl State<'_> {
             return Err(data
                 .failure
                 .take()
-                .map_or(e, |why| entry_error(self.tap, &shown, why)));
+                .map_or(e, |source| entry_io(self.tap, &shown, source)));
         }
-        io::copy(&mut data, &mut io::sink()).map_err(|e| entry_error(self.tap, &shown, e))?;
+        io::copy(&mut data, &mut io::sink()).map_err(|e| entry_io(self.tap, &shown, e))?;
         self.last = Some(shown);
         let mut tap = self.tap.borrow_mut();
         (tap.recording, tap.start) = (true, tap.pos);
@@ -418,11 +446,7 @@ impl State<'_> {
                     )
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(BuildError::Tar(format!(
-                        "after the end-of-archive block at byte {pos}: {e}"
-                    )))
-                }
+                Err(source) => return Err(TarError::Trailing { at: pos, source }.into()),
             }
         }
         if nonzero {
@@ -439,8 +463,9 @@ impl State<'_> {
 struct Data<'e> {
     inner: &'e mut dyn Read,
     left: u64,
-    /// Why reading failed (truncation, decompression), so the error can name the member.
-    failure: Option<String>,
+    /// Why reading failed (truncation, decompression), so the error can name the member; the sink
+    /// gets an error of the same kind.
+    failure: Option<io::Error>,
 }
 
 impl Read for Data<'_> {
@@ -458,12 +483,18 @@ impl Read for Data<'_> {
             )),
             other => other,
         };
-        match &result {
-            Ok(n) => self.left -= *n as u64,
-            Err(e) if e.kind() != io::ErrorKind::Interrupted => self.failure = Some(e.to_string()),
-            Err(_) => {}
+        match result {
+            Ok(n) => {
+                self.left -= n as u64;
+                Ok(n)
+            }
+            Err(e) if e.kind() != io::ErrorKind::Interrupted => {
+                let kind = e.kind();
+                self.failure = Some(e);
+                Err(io::Error::new(kind, "the member's data could not be read"))
+            }
+            Err(e) => Err(e),
         }
-        result
     }
 }
 
