@@ -198,7 +198,7 @@ fn reset(key: &str) -> StoreError {
     StoreError::Backend {
         url: "gated://".into(),
         key: key.into(),
-        message: "connection reset".into(),
+        source: "connection reset".into(),
     }
 }
 

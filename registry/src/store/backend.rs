@@ -89,7 +89,7 @@ fn s3_err(url: &str, key: &str, e: object_store::Error) -> StoreError {
         other => StoreError::Backend {
             url: url.to_string(),
             key: key.to_string(),
-            message: other.to_string(),
+            source: Box::new(other),
         },
     }
 }
@@ -122,7 +122,7 @@ impl ObjectStoreBackend {
         let fs = LocalFileSystem::new_with_prefix(root).map_err(|e| StoreError::Backend {
             url: root.display().to_string(),
             key: String::new(),
-            message: e.to_string(),
+            source: Box::new(e),
         })?;
         Ok(ObjectStoreBackend {
             store: Arc::new(fs),
@@ -171,7 +171,7 @@ impl ObjectStoreBackend {
         let s3 = b.build().map_err(|e| StoreError::Backend {
             url: url.clone(),
             key: String::new(),
-            message: e.to_string(),
+            source: Box::new(e),
         })?;
         let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
             Arc::new(s3)
@@ -289,7 +289,7 @@ impl ObjectStoreBackend {
             Ok(()) => StoreError::Backend {
                 url: self.url.clone(),
                 key: key.to_string(),
-                message: format!("{got} bytes for a range of {range:?}"),
+                source: format!("{got} bytes for a range of {range:?}").into(),
             },
         }
     }
@@ -575,6 +575,26 @@ fn direct_range(path: &FsPath, range: Range<u64>) -> std::io::Result<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client error the store has no kind for stays the client's error, as the source.
+    #[test]
+    fn a_backend_error_keeps_the_clients_error() {
+        let client = object_store::Error::NotImplemented {
+            operation: "copy".into(),
+            implementer: "test".into(),
+        };
+        let e = s3_err("s3://b/p", "blobs/x", client);
+        assert!(
+            matches!(&e, StoreError::Backend { key, .. } if key == "blobs/x"),
+            "{e}"
+        );
+        let source = std::error::Error::source(&e).expect("a source");
+        assert!(
+            source.downcast_ref::<object_store::Error>().is_some(),
+            "{source}"
+        );
+        assert!(e.to_string().contains(&source.to_string()), "{e}");
+    }
 
     #[test]
     fn a_local_directory_conforms() {

@@ -320,7 +320,7 @@ impl FaultyStore {
             return Err(StoreError::Backend {
                 url: self.inner.url().to_string(),
                 key: key.to_string(),
-                message: "injected fault".into(),
+                source: "injected fault".into(),
             });
         }
         let left = deadline.map(|d| d.saturating_sub(start.elapsed()));

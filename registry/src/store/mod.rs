@@ -90,11 +90,14 @@ impl Default for StoreOptions {
 pub enum StoreError {
     #[error("not found in store: {0}")]
     NotFound(String),
-    #[error("{url}: {key}: {message}")]
+    /// The backend failed: its client's error (object_store's, kept as the source without naming
+    /// its type here) or what was wrong with its answer.
+    #[error("{url}: {key}: {source}")]
     Backend {
         url: String,
         key: String,
-        message: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("{url}: {key}: no answer within {after:?}")]
     Timeout {
