@@ -2,11 +2,11 @@
 //! and this module's stable smoke test run on arbitrary bytes.
 //!
 //! Everything here reads what a store holds — a blob's table of contents and footer, compressed
-//! frames, layer metadata streams, names — and a store is not trusted: whatever the bytes, a parser
+//! frames, layer metadata streams, layer descriptors and manifests, names — and a store is not trusted: whatever the bytes, a parser
 //! answers with a value or an error, never a panic or an allocation beyond its stated bound. Where a
 //! value comes out, it must survive its own round trip (a TOC that decodes re-encodes to itself).
 
-use crate::model::{Reference, TagName};
+use crate::model::{JsonObject, LayerDescriptor, Manifest, Reference, TagName};
 use crate::toc::{Footer, Toc};
 
 /// Largest decompressed size asked of a frame here (a chunk is at most a few MiB).
@@ -69,6 +69,20 @@ pub fn names(data: &[u8]) {
     let _ = TagName::parse(s);
 }
 
+/// A layer descriptor and an image manifest (JSON, schema and invariants checked): what parses
+/// re-encodes to itself, and a manifest's config yields the process stratad would start.
+pub fn documents(data: &[u8]) {
+    if let Ok(l) = LayerDescriptor::from_bytes(data) {
+        let again = LayerDescriptor::from_bytes(&l.to_bytes()).expect("a descriptor re-parses");
+        assert_eq!(again, l, "a descriptor survives its round trip");
+    }
+    if let Ok(m) = Manifest::from_bytes(data) {
+        let again = Manifest::from_bytes(&m.to_bytes()).expect("a manifest re-parses");
+        assert_eq!(again, m, "a manifest survives its round trip");
+        let _ = (m.config.args(), m.config.process_env(), m.config.cwd());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +114,23 @@ mod tests {
         mutations(&seed, 300).for_each(|m| frames(&m));
         for s in ["base:v1", "blake3:".to_string().as_str(), "a/b:c@d"] {
             mutations(s.as_bytes(), 500).for_each(|m| names(&m));
+        }
+        let layer = crate::gc::tests::descriptor(7);
+        let mut manifest = Manifest {
+            schema: crate::model::SCHEMA,
+            layers: vec![crate::model::ManifestLayer {
+                digest: crate::digest::Digest::of(&layer.to_bytes()),
+                kind: layer.kind,
+            }],
+            config: Default::default(),
+            annotations: [("a".to_string(), "b".to_string())].into(),
+        };
+        manifest.config.entrypoint = vec!["/bin/sh".into()];
+        manifest.config.working_dir = Some("/w".into());
+        manifest.config.env = vec!["PATH=/bin".into()];
+        for seed in [layer.to_bytes(), manifest.to_bytes()] {
+            documents(&seed);
+            mutations(&seed, 3_000).for_each(|m| documents(&m));
         }
     }
 }

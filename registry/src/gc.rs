@@ -386,4 +386,4 @@ enum Verdict {
 
 #[cfg(test)]
 #[path = "gc_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -60,7 +60,7 @@ fn meta_bytes(content: u64) -> Vec<u8> {
     format!("metadata of content {content}").into_bytes()
 }
 
-fn descriptor(content: u64) -> LayerDescriptor {
+pub(crate) fn descriptor(content: u64) -> LayerDescriptor {
     let blob = blob_bytes(content);
     let meta = meta_bytes(content);
     LayerDescriptor {
