@@ -243,12 +243,22 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
 
 /// Binds the control socket (root's only, or the group's): done by whoever holds it across servers.
 pub fn bind(socket: &Path, group: Option<u32>) -> std::io::Result<UnixListener> {
-    let _ = std::fs::remove_file(socket);
-    let listener = UnixListener::bind(socket)?;
+    // Bound, listening and given its mode under a short temporary name, then renamed into place: a
+    // client that waits for the path to appear never finds a socket that refuses it (between bind and
+    // listen) or one with the wrong mode. The rename also replaces a stale socket in one step.
+    let tmp = socket.with_file_name(format!(".s{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp)?;
     let mode = if group.is_some() { 0o660 } else { 0o600 };
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(mode))?;
-    if let Some(g) = group {
-        std::os::unix::fs::chown(socket, Some(0), Some(g))?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+        .and_then(|()| match group {
+            Some(g) => std::os::unix::fs::chown(&tmp, Some(0), Some(g)),
+            None => Ok(()),
+        })
+        .and_then(|()| std::fs::rename(&tmp, socket));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
     Ok(listener)
 }
@@ -290,4 +300,31 @@ pub fn serve_listener(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The socket appears at its path listening and with its mode, replacing a stale one, and no
+    /// temporary name is left.
+    #[test]
+    fn the_socket_appears_ready() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("stratad.sock");
+        std::fs::write(&socket, b"stale").expect("stale file");
+        let listener = bind(&socket, None).expect("bind");
+        let mode = std::fs::metadata(&socket)
+            .expect("socket")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .flatten()
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        UnixStream::connect(&socket).expect("connects");
+        drop(listener);
+    }
 }
