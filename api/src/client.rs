@@ -55,6 +55,13 @@ pub struct Client {
 }
 
 impl Client {
+    /// The client of the daemon listening on `socket`.
+    pub fn at(socket: &std::path::Path) -> Client {
+        Client {
+            socket: socket.to_path_buf(),
+        }
+    }
+
     /// Sends one request; returns the JSON reply (or text, as a JSON string).
     pub fn call(
         &self,

@@ -59,9 +59,7 @@ pub fn runtime_config(rootfs: &Path, p: &Process, hostname: &str) -> Value {
 /// process stratad reports for it (the image's config, its user resolved in the image), its cmd
 /// replaced by `cmd` when given. A failure after the sandbox was created removes it again.
 pub fn bundle(socket: &Path, image: &str, id: &str, dir: &Path, cmd: &[String]) -> Result<()> {
-    let c = Client {
-        socket: socket.to_path_buf(),
-    };
+    let c = Client::at(socket);
     let (sandbox, v) = crate::run::Created::new(&c, image, id, false)?;
     let rootfs = PathBuf::from(v["rootfs"].as_str().unwrap_or_default());
     let process = crate::run::process_of(&v, id, cmd)?;

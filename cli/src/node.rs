@@ -68,9 +68,7 @@ pub fn mount(socket: &Path, a: &MountArgs) -> Result<(), NodeError> {
         })?),
         None => None,
     };
-    let c = Client {
-        socket: socket.to_path_buf(),
-    };
+    let c = Client::at(socket);
     let mut out = std::io::stdout().lock();
     for id in &a.sandbox {
         let mut body = json!({"image": a.image, "id": id, "reuse": reuse(a.resume, a.fresh)});
@@ -116,9 +114,7 @@ pub fn rm_request(a: &RmArgs) -> Value {
 /// One batch delete (`POST /v1/sandboxes/delete`): its reply, or `None` from a daemon older than the
 /// route.
 pub fn batch(socket: &Path, body: &Value) -> Result<Option<Value>, ClientError> {
-    let c = Client {
-        socket: socket.to_path_buf(),
-    };
+    let c = Client::at(socket);
     match c.call("POST", "/v1/sandboxes/delete", Some(body)) {
         Err(e) if is_no_route(&e) => Ok(None),
         r => r.map(Some),

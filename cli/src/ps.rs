@@ -24,9 +24,7 @@ pub fn human(n: u64) -> String {
 
 /// `strata ps`.
 pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
-    let c = Client {
-        socket: socket.to_path_buf(),
-    };
+    let c = Client::at(socket);
     let sandboxes = c.call("GET", "/v1/sandboxes", None)?;
     let status = c.call("GET", "/v1/status", None)?;
     if json_out {

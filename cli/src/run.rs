@@ -150,9 +150,7 @@ pub(crate) fn process_of(v: &Value, id: &str, cmd: &[String]) -> Result<Process>
 /// `strata run`.
 pub fn run(socket: &Path, a: RunArgs) -> Result<()> {
     watch_signals();
-    let client = Client {
-        socket: socket.to_path_buf(),
-    };
+    let client = Client::at(socket);
     let id = a
         .sandbox
         .clone()

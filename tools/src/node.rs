@@ -13,12 +13,6 @@ use strata_fs::teardown::{Candidate, DeleteRequest};
 
 use crate::images::human;
 
-fn client(socket: &Path) -> Client {
-    Client {
-        socket: socket.to_path_buf(),
-    }
-}
-
 /// `strata umount` (as the full CLI runs it): stops the sandboxes (one batch request), or with
 /// `--purge` removes them; against a daemon without the batch route, one by one.
 pub fn umount(socket: &Path, a: &UmountArgs) -> Result<()> {
@@ -40,7 +34,7 @@ pub fn rm(socket: &Path, a: &RmArgs) -> Result<()> {
 fn delete(socket: &Path, body: &Value) -> Result<Value> {
     match batch(socket, body)? {
         Some(reply) => Ok(reply),
-        None => one_by_one(&client(socket), body),
+        None => one_by_one(&Client::at(socket), body),
     }
 }
 
@@ -104,7 +98,7 @@ pub enum DaemonCmd {
 
 /// Runs a `strata daemon` command.
 pub fn daemon(socket: &Path, cmd: DaemonCmd) -> Result<()> {
-    let c = client(socket);
+    let c = Client::at(socket);
     match cmd {
         DaemonCmd::Status => {
             println!("{}", c.call("GET", "/v1/status", None)?);
