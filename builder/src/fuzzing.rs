@@ -1,6 +1,7 @@
-//! The builder's fuzzing entries: hostile tars ([`tar`]), `docker save` archives ([`docker_archive`])
-//! and the small text grammars of image sources and registry answers ([`oci_text`]) — what `fuzz/`'s
-//! targets (cargo-fuzz) and the builder's stable smoke tests run on arbitrary bytes.
+//! The builder's fuzzing entries: hostile tars ([`tar`]), `docker save` archives ([`docker_archive`]),
+//! OCI image layouts ([`oci_layout`]) and the small text grammars of image sources and registry
+//! answers ([`oci_text`]) — what `fuzz/`'s targets (cargo-fuzz) and the builder's stable smoke tests run
+//! on arbitrary bytes.
 //!
 //! A layer is built from tars a user or a registry hands over (`strata build -`, `strata import`), so
 //! the contract is: whatever the bytes — plain, gzip or zstd; pax and GNU extensions; names, links and
@@ -98,16 +99,101 @@ pub fn docker_archive(data: &[u8]) {
         reference: None,
     };
     if let Ok(image) = crate::oci::open(&source, &crate::oci::Platform::host()) {
-        for layer in &image.layers {
-            let mut bytes = Vec::new();
-            if let Ok(r) = layer.open() {
-                if r.take(MAX_DATA).read_to_end(&mut bytes).is_ok() {
-                    tar(&bytes);
+        build_layers(&image);
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+/// The separator of [`oci_layout`]'s parts (a layer's tar holds NULs, so not a single byte).
+pub const LAYOUT_SEPARATOR: &[u8] = b"\n=part=\n";
+
+/// An OCI image layout made of `data`, opened as `strata import oci:DIR` opens it (`index.json`, nested
+/// indexes chosen by platform, the manifest, the config, each blob verified against its descriptor),
+/// then each layer read (up to the bound of [`tar`]) and built as [`tar`] builds one.
+///
+/// `data` is parts split at [`LAYOUT_SEPARATOR`]: the first is `index.json`, every other is a blob,
+/// stored under its own SHA-256. Blobs are found by digest, which a fuzzer cannot compute, so a part may
+/// name a *later* part: `@N` becomes part N's hex SHA-256 and `#N` its size (N one digit). Parts are
+/// finished last to first, so every reference is to a finished part; the index is finished last.
+pub fn oci_layout(data: &[u8]) {
+    oci_layout_with(data, &build_layers);
+}
+
+/// [`oci_layout`], with what to do with an image that opened.
+fn oci_layout_with(data: &[u8], opened: &dyn Fn(&crate::oci::OciImage)) {
+    use sha2::{Digest, Sha256};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let mut parts: Vec<Vec<u8>> = Vec::new();
+    let mut rest = data;
+    while parts.len() < 9 {
+        let Some(at) = rest
+            .windows(LAYOUT_SEPARATOR.len())
+            .position(|w| w == LAYOUT_SEPARATOR)
+        else {
+            break;
+        };
+        parts.push(rest[..at].to_vec());
+        rest = &rest[at + LAYOUT_SEPARATOR.len()..];
+    }
+    parts.push(rest.to_vec());
+    let mut names: Vec<(String, usize)> = vec![(String::new(), 0); parts.len()];
+    for i in (0..parts.len()).rev() {
+        let mut out = Vec::with_capacity(parts[i].len());
+        let mut k = 0;
+        let part = &parts[i];
+        while k < part.len() {
+            let target = part
+                .get(k + 1)
+                .and_then(|c| c.is_ascii_digit().then(|| (c - b'0') as usize));
+            match (part[k], target) {
+                (b'@', Some(t)) if t > i && t < parts.len() => out.extend(names[t].0.as_bytes()),
+                (b'#', Some(t)) if t > i && t < parts.len() => {
+                    out.extend(names[t].1.to_string().as_bytes())
                 }
+                _ => {
+                    out.push(part[k]);
+                    k += 1;
+                    continue;
+                }
+            }
+            k += 2;
+        }
+        names[i] = (format!("{:x}", Sha256::digest(&out)), out.len());
+        parts[i] = out;
+    }
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("strata-fuzz-{}-{n}.oci", std::process::id()));
+    let blobs = dir.join("blobs").join("sha256");
+    let written = std::fs::create_dir_all(&blobs).and_then(|()| {
+        std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+        std::fs::write(dir.join("index.json"), &parts[0])?;
+        for (part, (hex, _)) in parts.iter().zip(&names).skip(1) {
+            std::fs::write(blobs.join(hex), part)?;
+        }
+        Ok(())
+    });
+    if written.is_ok() {
+        let source = crate::oci::Source::Layout {
+            dir: dir.clone(),
+            reference: None,
+        };
+        if let Ok(image) = crate::oci::open(&source, &crate::oci::Platform::host()) {
+            opened(&image);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Each of an opened image's layers, read up to [`MAX_DATA`] and built as [`tar`] builds one.
+fn build_layers(image: &crate::oci::OciImage) {
+    for layer in &image.layers {
+        let mut bytes = Vec::new();
+        if let Ok(r) = layer.open() {
+            if r.take(MAX_DATA).read_to_end(&mut bytes).is_ok() {
+                tar(&bytes);
             }
         }
     }
-    let _ = std::fs::remove_file(&file);
 }
 
 /// Parses `data` (as text) with each small grammar an import meets: an image source
@@ -163,6 +249,68 @@ mod tests {
         member(&mut b, &config_name, config.as_bytes());
         member(&mut b, "l1/layer.tar", &layer);
         b.into_inner().expect("archive")
+    }
+
+    /// An OCI layout of one layer as [`super::oci_layout`] takes it: index, manifest, config, layer.
+    pub(crate) fn layout() -> Vec<u8> {
+        let mut layer = tar::Builder::new(Vec::new());
+        member(&mut layer, "etc/hello", b"hello");
+        let layer = layer.into_inner().expect("layer");
+        let index = r#"{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:@1","size":#1,"annotations":{"org.opencontainers.image.ref.name":"v1"}}]}"#;
+        let manifest = r#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:@2","size":#2},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:@3","size":#3}]}"#;
+        let config = serde_json::json!({
+            "architecture": crate::oci::Platform::host().architecture,
+            "os": "linux",
+            "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
+            "rootfs": {"type": "layers", "diff_ids": ["sha256:@3"]},
+        })
+        .to_string();
+        let mut out = Vec::new();
+        for part in [
+            index.as_bytes(),
+            manifest.as_bytes(),
+            config.as_bytes(),
+            &layer,
+        ] {
+            if !out.is_empty() {
+                out.extend(super::LAYOUT_SEPARATOR);
+            }
+            out.extend(part);
+        }
+        out
+    }
+
+    /// The layout entry (also `fuzz/`'s `oci_layout` target): its seed opens as an image of one layer,
+    /// and mutations of it (mostly in the index and the manifest) are answered, never a panic.
+    #[test]
+    fn the_layout_entry_opens_its_seed_and_survives_mutations() {
+        let seed = layout();
+        let seen = std::sync::atomic::AtomicUsize::new(0);
+        super::oci_layout_with(&seed, &|image| {
+            assert_eq!(image.layers.len(), 1);
+            super::build_layers(image);
+            seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "the seed opens"
+        );
+        // `fuzz/seeds/oci_layout` (cargo-fuzz's starting points) open too: one layer, and a nested
+        // index chosen by platform to two layers.
+        let seeds =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/oci_layout");
+        for (name, layers) in [("one-layer", 1), ("nested-index", 2)] {
+            let bytes = std::fs::read(seeds.join(name)).expect("seed");
+            super::oci_layout_with(&bytes, &|image| {
+                assert_eq!(image.layers.len(), layers, "{name}");
+                super::build_layers(image);
+                seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            });
+        }
+        assert_eq!(seen.into_inner(), 3, "every seed opens");
+        strata_registry::testing::mutations(&seed, 0x5eed, 1500, 1024)
+            .for_each(|m| super::oci_layout(&m));
     }
 
     /// The docker archive entry (also `fuzz/`'s `docker_archive` target) over mutations of a real
