@@ -260,6 +260,71 @@ fn read_index(path: &Path) -> std::io::Result<HashMap<Digest, (u64, u64)>> {
     Ok(live)
 }
 
+impl State {
+    /// Takes a segment left by an earlier daemon: its recorded chunks (unless another segment holds
+    /// them), in the order they were written. An empty or unreadable segment is removed.
+    fn adopt_segment(&mut self, dir: &Path, id: u64, segment_bytes: u64) {
+        self.next_segment = self.next_segment.max(id + 1);
+        let path = dir.join(format!("seg-{id}"));
+        let idx = dir.join(format!("seg-{id}.idx"));
+        let live = read_index(&idx).unwrap_or_default();
+        if live.is_empty() {
+            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_file(&idx);
+            return;
+        }
+        let opened = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .and_then(|d| Ok((d, OpenOptions::new().append(true).open(&idx)?)));
+        let Ok((data, index)) = opened else {
+            tracing::warn!(segment = %path.display(), "chunk cache segment unreadable; dropped");
+            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_file(&idx);
+            return;
+        };
+        // Files of an older daemon may be readable by anyone: they hold image data.
+        for f in [&data, &index] {
+            let _ = f.set_permissions(std::fs::Permissions::from_mode(FILE_MODE));
+        }
+        let mut n = 0;
+        // Recency after a restart: in the order chunks were written, older segments first.
+        let mut live: Vec<_> = live.into_iter().collect();
+        live.sort_unstable_by_key(|(_, (offset, _))| *offset);
+        for (d, (offset, size)) in live {
+            if self.entries.contains_key(&d) {
+                continue;
+            }
+            self.tick += 1;
+            self.lru.insert(self.tick, d);
+            self.used += size;
+            n += 1;
+            let entry = Entry {
+                seg: id,
+                offset,
+                size,
+                tick: self.tick,
+            };
+            self.entries.insert(d, entry);
+        }
+        // A restarted daemon appends to the last segment where the last left off (past every byte
+        // already there, recorded or not), instead of starting a segment per restart.
+        let end = data
+            .metadata()
+            .map_or(u64::MAX, |m| m.len().div_ceil(ALIGN) * ALIGN);
+        self.head = (end < segment_bytes).then_some((id, end));
+        let data = Arc::new(data);
+        let seg = Segment {
+            data,
+            direct: direct::open(&path).ok().map(Arc::new),
+            index,
+            live: n,
+        };
+        self.segments.insert(id, seg);
+    }
+}
+
 impl ChunkCache {
     /// Opens (creating) the cache in `dir`, bounded to `capacity` bytes; indexes chunks already there.
     /// Verified copies of chunks take at most [`VERIFIED_BYTES`] or `capacity / 16` of memory.
@@ -300,64 +365,7 @@ impl ChunkCache {
         }
         found.sort_unstable();
         for id in found {
-            st.next_segment = st.next_segment.max(id + 1);
-            let path = dir.join(format!("seg-{id}"));
-            let idx = dir.join(format!("seg-{id}.idx"));
-            let live = read_index(&idx).unwrap_or_default();
-            if live.is_empty() {
-                let _ = std::fs::remove_file(&path);
-                let _ = std::fs::remove_file(&idx);
-                continue;
-            }
-            let opened = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .and_then(|d| Ok((d, OpenOptions::new().append(true).open(&idx)?)));
-            let Ok((data, index)) = opened else {
-                tracing::warn!(segment = %path.display(), "chunk cache segment unreadable; dropped");
-                let _ = std::fs::remove_file(&path);
-                let _ = std::fs::remove_file(&idx);
-                continue;
-            };
-            // Files of an older daemon may be readable by anyone: they hold image data.
-            for f in [&data, &index] {
-                let _ = f.set_permissions(std::fs::Permissions::from_mode(FILE_MODE));
-            }
-            let mut n = 0;
-            // Recency after a restart: in the order chunks were written, older segments first.
-            let mut live: Vec<_> = live.into_iter().collect();
-            live.sort_unstable_by_key(|(_, (offset, _))| *offset);
-            for (d, (offset, size)) in live {
-                if st.entries.contains_key(&d) {
-                    continue;
-                }
-                st.tick += 1;
-                st.lru.insert(st.tick, d);
-                st.used += size;
-                n += 1;
-                let entry = Entry {
-                    seg: id,
-                    offset,
-                    size,
-                    tick: st.tick,
-                };
-                st.entries.insert(d, entry);
-            }
-            // A restarted daemon appends to the last segment where the last left off (past every byte
-            // already there, recorded or not), instead of starting a segment per restart.
-            let end = data
-                .metadata()
-                .map_or(u64::MAX, |m| m.len().div_ceil(ALIGN) * ALIGN);
-            st.head = (end < segment_bytes).then_some((id, end));
-            let data = Arc::new(data);
-            let seg = Segment {
-                data,
-                direct: direct::open(&path).ok().map(Arc::new),
-                index,
-                live: n,
-            };
-            st.segments.insert(id, seg);
+            st.adopt_segment(dir, id, segment_bytes);
         }
         // Index files whose segment is gone.
         for f in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {

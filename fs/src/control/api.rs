@@ -149,16 +149,7 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
             json_reply((200, v))
         }
         ("POST", ["v1", "scrub"]) => json_reply((200, d.scrub())),
-        ("POST", ["v1", "upgrade"]) => json_reply(match &hooks.upgrade {
-            None => (
-                409,
-                json!({"error": "this stratad runs without a descriptor holder (--no-holder): it cannot be upgraded in place"}),
-            ),
-            Some(up) => match up() {
-                Ok(()) => (202, json!({"pid": std::process::id(), "upgrading": true})),
-                Err(e) => (500, json!({"error": format!("starting the upgrade: {e}")})),
-            },
-        }),
+        ("POST", ["v1", "upgrade"]) => json_reply(upgrade_route(hooks)),
         ("GET", ["v1", "sandboxes"]) => {
             let v: Vec<Value> = d
                 .sandboxes()
@@ -171,44 +162,7 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
             Some(s) => (200, sandbox_with_process(d, &s)),
             None => error_json(&DaemonError::NoSandbox(id.to_string())),
         }),
-        ("POST", ["v1", "sandboxes"]) => {
-            let body: Value = match serde_json::from_slice(&req.body) {
-                Ok(v) => v,
-                Err(e) => {
-                    return json_reply(failure(ErrorKind::Invalid, &format!("bad JSON: {e}")))
-                }
-            };
-            if body["kind"] == "vm" {
-                return json_reply(match serde_json::from_value::<VmRequest>(body) {
-                    Ok(r) => match d.create_vm(&r) {
-                        Ok(s) => (201, sandbox_json(d, &s)),
-                        Err(e) => error_json(&e),
-                    },
-                    Err(e) => failure(ErrorKind::Invalid, &format!("bad VM request: {e}")),
-                });
-            }
-            let (Some(image), Some(id)) = (body["image"].as_str(), body["id"].as_str()) else {
-                let need = "need \"image\" and \"id\"";
-                return json_reply(failure(ErrorKind::Invalid, need));
-            };
-            let dir = body["dir"].as_str().map(PathBuf::from);
-            let reuse = match body.get("reuse") {
-                None | Some(Value::Null) => Reuse::Refuse,
-                Some(v) => match serde_json::from_value::<Reuse>(v.clone()) {
-                    Ok(r) => r,
-                    Err(_) => {
-                        return json_reply((
-                            400,
-                            json!({"error": "\"reuse\" must be \"refuse\", \"resume\" or \"fresh\""}),
-                        ))
-                    }
-                },
-            };
-            json_reply(match d.create_sandbox(image, id, dir.as_deref(), reuse) {
-                Ok(s) => (201, sandbox_with_process(d, &s)),
-                Err(e) => error_json(&e),
-            })
-        }
+        ("POST", ["v1", "sandboxes"]) => json_reply(create_route(d, &req.body)),
         ("GET", ["v1", "layers"]) => json_reply((200, json!(d.holds()))),
         ("POST", ["v1", "layers"]) => json_reply(crate::control::layers::hold_route(d, &req.body)),
         ("DELETE", ["v1", "layers", digest]) => {
@@ -238,6 +192,55 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
             ErrorKind::NotFound,
             &format!("no route {} {}", req.method, req.path),
         )),
+    }
+}
+
+/// `POST /v1/upgrade`: hands the node to a new binary, through the descriptor holder.
+fn upgrade_route(hooks: &Hooks) -> (u16, Value) {
+    match &hooks.upgrade {
+        None => (
+            409,
+            json!({"error": "this stratad runs without a descriptor holder (--no-holder): it cannot be upgraded in place"}),
+        ),
+        Some(up) => match up() {
+            Ok(()) => (202, json!({"pid": std::process::id(), "upgrading": true})),
+            Err(e) => (500, json!({"error": format!("starting the upgrade: {e}")})),
+        },
+    }
+}
+
+/// `POST /v1/sandboxes`: a sandbox (`{"image", "id", "dir"?, "reuse"?}`) or a microVM (`"kind": "vm"`).
+fn create_route(d: &Daemon, body: &[u8]) -> (u16, Value) {
+    let body: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return failure(ErrorKind::Invalid, &format!("bad JSON: {e}")),
+    };
+    if body["kind"] == "vm" {
+        return match serde_json::from_value::<VmRequest>(body) {
+            Ok(r) => match d.create_vm(&r) {
+                Ok(s) => (201, sandbox_json(d, &s)),
+                Err(e) => error_json(&e),
+            },
+            Err(e) => failure(ErrorKind::Invalid, &format!("bad VM request: {e}")),
+        };
+    }
+    let (Some(image), Some(id)) = (body["image"].as_str(), body["id"].as_str()) else {
+        return failure(ErrorKind::Invalid, "need \"image\" and \"id\"");
+    };
+    let dir = body["dir"].as_str().map(PathBuf::from);
+    let reuse = match body.get("reuse") {
+        None | Some(Value::Null) => Reuse::Refuse,
+        Some(v) => match serde_json::from_value::<Reuse>(v.clone()) {
+            Ok(r) => r,
+            Err(_) => {
+                let why = "\"reuse\" must be \"refuse\", \"resume\" or \"fresh\"";
+                return failure(ErrorKind::Invalid, why);
+            }
+        },
+    };
+    match d.create_sandbox(image, id, dir.as_deref(), reuse) {
+        Ok(s) => (201, sandbox_with_process(d, &s)),
+        Err(e) => error_json(&e),
     }
 }
 

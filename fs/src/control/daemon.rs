@@ -78,6 +78,8 @@ pub enum DaemonError {
     Vm(#[from] crate::control::vm::VmError),
     #[error("{0}")]
     Mode(#[from] ModeError),
+    #[error("chunk cache: {0}")]
+    Cache(#[from] crate::cache::CacheError),
     #[error("no sandbox {0}")]
     NoSandbox(String),
     #[error("sandbox {0} already exists")]
@@ -263,6 +265,39 @@ pub fn mount_fresh(config: &Config) -> Result<Channel, DaemonError> {
     Channel::mount(&fuse_dir, config.group.is_some()).map_err(|e| io(&fuse_dir, e))
 }
 
+/// The data plane under the control plane: the store (with the read deadline), the fetcher that serves
+/// misses from it through the chunk cache, and the metrics they count into.
+struct DataPlane {
+    store: Arc<Store>,
+    fetcher: Arc<Fetcher>,
+    metrics: Arc<Metrics>,
+}
+
+fn open_data_plane(config: &Config) -> Result<DataPlane, DaemonError> {
+    let opts = strata_registry::store::StoreOptions {
+        timeout: Duration::from_secs_f64(config.store_timeout_secs.clamp(0.1, 1e9)),
+    };
+    let mut store = Store::open_with(&config.store, &opts)?;
+    let deadline = Duration::from_secs_f64(config.read_timeout_secs.max(0.1));
+    store.range_deadline = deadline;
+    let store = Arc::new(store);
+    let cache = ChunkCache::open(&config.state_dir.join("cache"), config.cache_size)?;
+    let metrics = Arc::new(Metrics::default());
+    let span = config
+        .max_fetch_span
+        .unwrap_or_else(|| default_fetch_span(&config.store));
+    let mut fetcher = Fetcher::new(store.clone(), cache, metrics.clone(), span, deadline);
+    fetcher.max_behind = config
+        .max_fetch_behind
+        .unwrap_or_else(|| default_fetch_behind(&config.store));
+    fetcher.max_group = config.max_fetch_group;
+    Ok(DataPlane {
+        store,
+        fetcher: Arc::new(fetcher),
+        metrics,
+    })
+}
+
 impl Daemon {
     /// Starts the daemon on `fuse`: a connection another server served (adopts the node's mounts and
     /// sandboxes as it left them), one its holder just mounted, or a new one ([`mount_fresh`]: detaches
@@ -289,31 +324,11 @@ impl Daemon {
         let mode = mode_report.usable()?;
         tracing::info!(%mode, passed_over = ?mode_report.passed_over,
             probe_ms = mode_report.probe_ms, "mount mode");
-        let opts = strata_registry::store::StoreOptions {
-            timeout: Duration::from_secs_f64(config.store_timeout_secs.clamp(0.1, 1e9)),
-        };
-        let mut store = Store::open_with(&config.store, &opts)?;
-        let deadline = Duration::from_secs_f64(config.read_timeout_secs.max(0.1));
-        store.range_deadline = deadline;
-        let store = Arc::new(store);
-        let cache_dir = config.state_dir.join("cache");
-        let cache = ChunkCache::open(&cache_dir, config.cache_size)
-            .map_err(|e| DaemonError::Metadata(e.to_string()))?;
-        let metrics = Arc::new(Metrics::default());
-        let mut fetcher = Fetcher::new(
-            store.clone(),
-            cache,
-            metrics.clone(),
-            config
-                .max_fetch_span
-                .unwrap_or_else(|| default_fetch_span(&config.store)),
-            deadline,
-        );
-        fetcher.max_behind = config
-            .max_fetch_behind
-            .unwrap_or_else(|| default_fetch_behind(&config.store));
-        fetcher.max_group = config.max_fetch_group;
-        let fetcher = Arc::new(fetcher);
+        let DataPlane {
+            store,
+            fetcher,
+            metrics,
+        } = open_data_plane(&config)?;
         let table = Arc::new(BlobTable::default());
         let (fan_kept, fds) = crate::control::views::take_kept(kept.fds);
         let kept = Kept {
@@ -369,6 +384,20 @@ impl Daemon {
         });
         // Every running sandbox's blobs are registered before the first request is read.
         d.restore()?;
+        d.serve_blobs()?;
+        d.serve_views();
+        d.adopt_trees();
+        d.remount_held_layers();
+        d.start_flushing();
+        d.start_scrubbing();
+        Ok(d)
+    }
+
+    /// Starts serving the blob server's FUSE connection. Adopted: requests the previous server read
+    /// but did not answer come back to this one (the kernel resends them, or this server answers them
+    /// from the connection's journal).
+    fn serve_blobs(&self) -> Result<(), DaemonError> {
+        let d = self;
         let fs = BlobFs::new(
             d.table.clone(),
             d.fetcher.clone(),
@@ -377,22 +406,15 @@ impl Daemon {
         )
         .map_err(|e| io(&d.config.runtime_dir, e))?
         .with_workers(d.config.fuse_threads);
-        // Adopted: requests the previous server read but did not answer come back to this one (the
-        // kernel resends them, or this server answers them from the connection's journal).
         let opts = Options {
-            adopt: adopted,
+            adopt: d.adopted,
             no_resend: std::env::var_os("STRATAD_NO_RESEND").is_some(),
             ..Options::default()
         };
         let session = Session::start(d.chan.clone(), Arc::new(fs), d.config.fuse_threads, opts)
             .map_err(|e| io(&d.config.runtime_dir, e))?;
         *d.fuse.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
-        d.serve_views();
-        d.adopt_trees();
-        d.remount_held_layers();
-        d.start_flushing();
-        d.start_scrubbing();
-        Ok(d)
+        Ok(())
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {

@@ -400,43 +400,13 @@ impl Fetcher {
             if inflight.contains_key(&toc.chunks[i].digest) {
                 return None;
             }
-            let first_frame = toc.chunks[i].frame as usize;
-            let base = toc.frames[first_frame].offset;
             let max_span = match unplanned {
                 true => self.max_span,
                 false => 0,
             };
-            // Chunk `i`'s own frame is fetched and decompressed whole: each of its missing chunks comes
-            // with it, before `i` and after, whatever the span (a group frame's small files; without
-            // this, 21 of the fat image's 174 cold misses fetched a frame fetched before).
             let taken = |j: usize| inflight.contains_key(&toc.chunks[j].digest) || present(j);
-            let first = (0..i)
-                .rev()
-                .take_while(|&j| toc.chunks[j].frame as usize == first_frame)
-                .last()
-                .unwrap_or(i);
-            let mut claimed: Vec<usize> = (first..i).filter(|&j| !taken(j)).collect();
-            let mine_at = claimed.len();
-            let mut last_frame = first_frame;
-            for (j, c) in toc.chunks.iter().enumerate().skip(i) {
-                let f = c.frame as usize;
-                if f == first_frame {
-                    if j == i || !taken(j) {
-                        claimed.push(j);
-                    }
-                    continue;
-                }
-                let end = toc.frames[f].offset + toc.frames[f].compressed as u64;
-                if f > last_frame + 1 || end - base > max_span || taken(j) {
-                    // Within a follower frame, skip a taken chunk; past it, stop.
-                    if f != last_frame {
-                        break;
-                    }
-                    continue;
-                }
-                last_frame = f;
-                claimed.push(j);
-            }
+            let (claimed, mine_at) = around(toc, i, max_span, &taken);
+            let base = toc.frames[toc.chunks[i].frame as usize].offset;
             // Where misses land, for studying layouts (`STRATA_LOG=strata_fs::fetch=debug`).
             tracing::debug!(blob = %blob.blob.digest, chunk = i, at = base, span = max_span,
                 claimed = claimed.len(), "miss");
@@ -687,6 +657,50 @@ impl Fetcher {
         }
         Ok(out)
     }
+}
+
+/// What a miss of chunk `i` claims, in blob order, and where `i` is among them. Chunk `i`'s own frame
+/// is fetched and decompressed whole: each of its missing chunks comes with it, before `i` and after,
+/// whatever the span (a group frame's small files; without this, 21 of the fat image's 174 cold misses
+/// fetched a frame fetched before). Then the *followers*: the missing chunks of the frames right after
+/// it, while their frames end within `max_span` compressed bytes of its frame's start and no frame is
+/// skipped (a taken chunk inside a follower frame is skipped; a frame that is taken ends the run).
+fn around(
+    toc: &Toc,
+    i: usize,
+    max_span: u64,
+    taken: &dyn Fn(usize) -> bool,
+) -> (Vec<usize>, usize) {
+    let first_frame = toc.chunks[i].frame as usize;
+    let base = toc.frames[first_frame].offset;
+    let first = (0..i)
+        .rev()
+        .take_while(|&j| toc.chunks[j].frame as usize == first_frame)
+        .last()
+        .unwrap_or(i);
+    let mut claimed: Vec<usize> = (first..i).filter(|&j| !taken(j)).collect();
+    let mine_at = claimed.len();
+    let mut last_frame = first_frame;
+    for (j, c) in toc.chunks.iter().enumerate().skip(i) {
+        let f = c.frame as usize;
+        if f == first_frame {
+            if j == i || !taken(j) {
+                claimed.push(j);
+            }
+            continue;
+        }
+        let end = toc.frames[f].offset + toc.frames[f].compressed as u64;
+        if f > last_frame + 1 || end - base > max_span || taken(j) {
+            // Within a follower frame, skip a taken chunk; past it, stop.
+            if f != last_frame {
+                break;
+            }
+            continue;
+        }
+        last_frame = f;
+        claimed.push(j);
+    }
+    (claimed, mine_at)
 }
 
 /// Claims chunks of `toc` for fetching: a flight for each, registered in `inflight`.

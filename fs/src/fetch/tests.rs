@@ -21,6 +21,52 @@ fn read_ahead_window_moves_once_per_chunk_and_restarts() {
     assert_eq!(ahead_from(100, 99, 100), 100);
 }
 
+/// A blob of frames of `chunks[f]` chunks each, every frame 100 compressed bytes.
+fn toc_of(chunks: &[u32]) -> Toc {
+    let mut toc = Toc {
+        frames: Vec::new(),
+        chunks: Vec::new(),
+        view_blocks: 0,
+        piece_size: 0,
+        pieces: Vec::new(),
+    };
+    for (f, &n) in chunks.iter().enumerate() {
+        toc.frames.push(strata_registry::toc::Frame {
+            offset: 100 * f as u64,
+            compressed: 100,
+            uncompressed: 4096 * n,
+        });
+        for k in 0..n {
+            let block = toc.chunks.len() as u32;
+            toc.chunks.push(strata_registry::toc::ChunkEntry {
+                block,
+                len: 4096,
+                frame: f as u32,
+                frame_offset: 4096 * k,
+                digest: Digest([block as u8; 32]),
+            });
+        }
+    }
+    toc
+}
+
+#[test]
+fn a_miss_claims_its_whole_frame_then_followers_within_the_span() {
+    // Frames: [0 1 2] [3] [4 5] [6] [7]; a miss of chunk 1.
+    let toc = toc_of(&[3, 1, 2, 1, 1]);
+    let none = |_: usize| false;
+    // No span: the own frame only, the reader's chunk second.
+    assert_eq!(around(&toc, 1, 0, &none), (vec![0, 1, 2], 1));
+    // Frames ending within 300 bytes of the own frame's start: frames 1 and 2 follow.
+    assert_eq!(around(&toc, 1, 300, &none), (vec![0, 1, 2, 3, 4, 5], 1));
+    // Taken chunks of the own frame are left out, the reader's never; a taken chunk inside a
+    // follower frame is skipped, and a follower frame that is taken ends the run.
+    let taken = |j: usize| matches!(j, 0 | 1 | 5 | 6);
+    assert_eq!(around(&toc, 1, 1000, &taken), (vec![1, 2, 3, 4], 0));
+    // The last chunk of a blob: nothing follows.
+    assert_eq!(around(&toc, 7, 1000, &none), (vec![7], 0));
+}
+
 fn read(b: &ChunkBytes, n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];
     b.read_at(&mut v, 0).expect("read chunk");
