@@ -617,20 +617,13 @@ pub fn build_with(
     result
 }
 
-fn finish(
-    store: &Store,
+/// Fills the packed chunks' digests into the tree's files and counts the layer's figures; returns
+/// which nodes are reachable from the root (a replaced file's chunks must not pull in a parent blob).
+fn fill_and_count(
     tree: &mut Tree,
-    packed: crate::chunker::Packed,
-    known: &Known,
-    opts: &BuildOptions,
+    packed: &crate::chunker::Packed,
     stats: &mut LayerStats,
-) -> Result<BuiltLayer, BuildError> {
-    if opts.bottom || (opts.kind == LayerKind::Base && opts.parents.is_empty()) {
-        tree.drop_whiteouts();
-    } else if let Some(keep) = &opts.keep_whiteout {
-        tree.prune_whiteouts(keep.as_ref());
-    }
-    // Fill chunk digests into the tree.
+) -> Vec<bool> {
     for (node, index, d) in &packed.refs {
         if let NodeKind::File {
             data: FileData::Chunks(c),
@@ -642,7 +635,6 @@ fn finish(
             }
         }
     }
-    // Figures, and which nodes are reachable (a replaced file's chunks must not pull in a parent blob).
     stats.entries = tree.entry_count();
     stats.new_chunks = packed.new_chunks;
     stats.new_bytes = packed.new_bytes;
@@ -662,7 +654,23 @@ fn finish(
             _ => {}
         }
     }
+    seen
+}
 
+fn finish(
+    store: &Store,
+    tree: &mut Tree,
+    packed: crate::chunker::Packed,
+    known: &Known,
+    opts: &BuildOptions,
+    stats: &mut LayerStats,
+) -> Result<BuiltLayer, BuildError> {
+    if opts.bottom || (opts.kind == LayerKind::Base && opts.parents.is_empty()) {
+        tree.drop_whiteouts();
+    } else if let Some(keep) = &opts.keep_whiteout {
+        tree.prune_whiteouts(keep.as_ref());
+    }
+    let seen = fill_and_count(tree, &packed, stats);
     let chunk_bits = opts.chunk_size.trailing_zeros() as u8;
     let mut descriptor = LayerDescriptor {
         schema: SCHEMA,

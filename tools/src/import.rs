@@ -18,8 +18,9 @@ use serde_json::json;
 use strata_builder::import::{import_layers, ImportedLayer};
 use strata_builder::oci::distribution::{self, Reference, RegistryRef};
 use strata_builder::oci::{self, Platform, Source};
-use strata_builder::BuildOptions;
-use strata_registry::model::{LayerConfig, LayerKind, TagName};
+use strata_builder::{BuildOptions, BuiltLayer};
+use strata_registry::digest::Digest;
+use strata_registry::model::{ImageConfig, LayerConfig, LayerKind, TagName};
 use strata_registry::store::Store;
 
 use crate::config::ConfigArgs;
@@ -102,24 +103,7 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
         _ => oci::open(&source, &platform)?,
     };
     let config = a.config.image_config(store, image.config.clone())?;
-    // A single-platform image is taken as it is; it must be the platform asked for, if one was.
-    let found = Platform::parse(&image.platform).ok();
-    let matches = found
-        .as_ref()
-        .is_some_and(|f| platform.matches(&f.os, &f.architecture, f.variant.as_deref()));
-    if !matches {
-        if a.platform.is_some() {
-            return Err(NotFound(format!(
-                "{}: the image is for {}, not {platform}",
-                a.src, image.platform
-            ))
-            .into());
-        }
-        eprintln!(
-            "strata: warning: {} is an image for {}, not for this machine ({platform})",
-            a.src, image.platform
-        );
-    }
+    check_platform(&a, &image, &platform)?;
     let mut opts = BuildOptions::new(LayerKind::Base);
     if let Some(t) = a.threads {
         opts.threads = t.max(1);
@@ -140,42 +124,118 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
             );
         }
     };
-    let mut flattened = None;
     let layers = with_build_progress("import", &opts.clone(), None, || {
         import_layers(store, &image, &opts, report)
     })?;
-    let parts = if a.flatten && layers.len() > 1 {
-        // The layers are imported (and reusable) as usual, then collapsed without moving data.
-        let digests: Vec<_> = layers.iter().map(|l| l.digest).collect();
-        let mut fopts = BuildOptions::new(LayerKind::Base);
-        fopts.threads = opts.threads;
-        fopts
-            .labels
-            .insert("strata.flatten.layers".into(), digests.len().to_string());
-        fopts.config = LayerConfig::from_image(&config);
-        let built = with_build_progress("flatten", &fopts.clone(), None, || {
-            strata_builder::flatten::flatten(store, &[], &digests, fopts)
-        })?;
-        flattened = Some((built.digest, built.descriptor.stats.clone()));
-        vec![(built.digest, built.descriptor)]
+    let flattened = if a.flatten && layers.len() > 1 {
+        Some(flatten(store, &layers, &config, opts.threads)?)
     } else {
-        layers
+        None
+    };
+    let parts = match &flattened {
+        // The layers are imported (and reusable) as usual, then collapsed without moving data.
+        Some(built) => vec![(built.digest, built.descriptor.clone())],
+        None => layers
             .iter()
             .map(|l| (l.digest, l.descriptor.clone()))
-            .collect()
+            .collect(),
     };
-    let digest = make_annotated_image(
-        store,
-        parts,
-        config,
-        oci::annotations(&image),
-        &tag,
-        a.force,
-    )?;
-    let stored: u64 = layers.iter().map(|l| l.stored_bytes()).sum::<u64>()
-        + flattened.as_ref().map_or(0, |(_, s)| s.stored_bytes);
-    if a.json {
-        let layers: Vec<_> = layers
+    let annotations = oci::annotations(&image);
+    let digest = make_annotated_image(store, parts, config, annotations, &tag, a.force)?;
+    let done = Imported {
+        digest,
+        tag,
+        image,
+        layers,
+        flattened,
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    done.print(a.json, tty);
+    Ok(())
+}
+
+/// A single-platform image is taken as it is; it must be the platform asked for, if one was (else a
+/// warning names the mismatch).
+fn check_platform(a: &ImportArgs, image: &oci::OciImage, platform: &Platform) -> Result<()> {
+    let found = Platform::parse(&image.platform).ok();
+    let matches = found
+        .as_ref()
+        .is_some_and(|f| platform.matches(&f.os, &f.architecture, f.variant.as_deref()));
+    if matches {
+        return Ok(());
+    }
+    if a.platform.is_some() {
+        return Err(NotFound(format!(
+            "{}: the image is for {}, not {platform}",
+            a.src, image.platform
+        ))
+        .into());
+    }
+    eprintln!(
+        "strata: warning: {} is an image for {}, not for this machine ({platform})",
+        a.src, image.platform
+    );
+    Ok(())
+}
+
+/// `--flatten`: the imported layers collapsed into one, without moving data.
+fn flatten(
+    store: &Store,
+    layers: &[ImportedLayer],
+    config: &ImageConfig,
+    threads: usize,
+) -> Result<BuiltLayer> {
+    let digests: Vec<_> = layers.iter().map(|l| l.digest).collect();
+    let mut fopts = BuildOptions::new(LayerKind::Base);
+    fopts.threads = threads;
+    fopts
+        .labels
+        .insert("strata.flatten.layers".into(), digests.len().to_string());
+    fopts.config = LayerConfig::from_image(config);
+    let built = with_build_progress("flatten", &fopts.clone(), None, || {
+        strata_builder::flatten::flatten(store, &[], &digests, fopts)
+    })?;
+    Ok(built)
+}
+
+/// What an import made, for its report.
+struct Imported {
+    digest: Digest,
+    tag: TagName,
+    image: oci::OciImage,
+    layers: Vec<ImportedLayer>,
+    flattened: Option<BuiltLayer>,
+    seconds: f64,
+}
+
+impl Imported {
+    /// The image's digest on stdout (a JSON report with `--json`), a summary on a terminal.
+    fn print(&self, json: bool, tty: bool) {
+        let stored: u64 = self.layers.iter().map(|l| l.stored_bytes()).sum::<u64>()
+            + self
+                .flattened
+                .as_ref()
+                .map_or(0, |b| b.descriptor.stats.stored_bytes);
+        if json {
+            println!("{}", self.json(stored));
+        } else {
+            println!("{}", self.digest);
+            if tty {
+                eprintln!(
+                    "{}: {} layers, {} stored ({} of OCI blobs), in {:.1}s",
+                    self.tag,
+                    self.layers.len(),
+                    human(stored),
+                    human(self.image.blob_bytes),
+                    self.seconds
+                );
+            }
+        }
+    }
+
+    fn json(&self, stored: u64) -> serde_json::Value {
+        let layers: Vec<_> = self
+            .layers
             .iter()
             .map(|l| {
                 json!({
@@ -189,36 +249,24 @@ pub fn import(store: &Store, a: ImportArgs) -> Result<()> {
                 })
             })
             .collect();
-        println!(
-            "{}",
-            json!({
-                "digest": digest.to_string(),
-                "tag": tag.to_string(),
-                "oci_manifest": image.manifest_digest.map(|d| d.to_string()),
-                "platform": image.platform,
-                "layers": layers,
-                "flattened": flattened.as_ref().map(|(d, s)| json!({
-                    "digest": d.to_string(),
+        json!({
+            "digest": self.digest.to_string(),
+            "tag": self.tag.to_string(),
+            "oci_manifest": self.image.manifest_digest.map(|d| d.to_string()),
+            "platform": self.image.platform,
+            "layers": layers,
+            "flattened": self.flattened.as_ref().map(|b| {
+                let s = &b.descriptor.stats;
+                json!({
+                    "digest": b.digest.to_string(),
                     "stored_bytes": s.stored_bytes,
                     "whiteouts": s.whiteouts,
                     "entries": s.entries,
-                })),
-                "stored_bytes": stored,
-                "oci_blob_bytes": image.blob_bytes,
-                "seconds": start.elapsed().as_secs_f64(),
-            })
-        );
-    } else {
-        println!("{digest}");
-        if tty {
-            eprintln!(
-                "{tag}: {} layers, {} stored ({} of OCI blobs), in {:.1}s",
-                layers.len(),
-                human(stored),
-                human(image.blob_bytes),
-                start.elapsed().as_secs_f64()
-            );
-        }
+                })
+            }),
+            "stored_bytes": stored,
+            "oci_blob_bytes": self.image.blob_bytes,
+            "seconds": self.seconds,
+        })
     }
-    Ok(())
 }

@@ -196,6 +196,57 @@ fn entry_io(tap: &RefCell<Tap>, path: &str, source: io::Error) -> BuildError {
     TarError::Stream { place, source }.into()
 }
 
+/// The member being converted, for its errors: each names it and where in the stream it is.
+struct At<'t, 's> {
+    tap: &'t RefCell<Tap>,
+    shown: &'s str,
+}
+
+impl At<'_, '_> {
+    fn bad(&self, why: &dyn Display) -> BuildError {
+        entry_error(self.tap, self.shown, why)
+    }
+
+    fn unsafe_entry(&self, why: &'static str) -> BuildError {
+        BuildError::UnsafeEntry {
+            path: self.shown.to_string(),
+            why,
+        }
+    }
+
+    fn unsupported(&self, why: &str) -> BuildError {
+        BuildError::Unsupported {
+            path: self.shown.to_string(),
+            why: why.into(),
+        }
+    }
+}
+
+/// A member's mode, owner and times (PAX records over the header's fields); its extended attributes are
+/// left to the caller, which moves them out of the PAX records.
+fn member_meta(m: &Member<'_>, at: &At<'_, '_>) -> Result<Meta, BuildError> {
+    let (hdr, pax) = (m.hdr, &m.pax);
+    let num = |v: io::Result<u64>| v.map_err(|e| at.bad(&e));
+    let id = |v: u64| {
+        u32::try_from(v).map_err(|_| at.unsupported(&format!("id {v} does not fit in 32 bits")))
+    };
+    let uid = id(pax.uid.map_or_else(|| num(hdr.uid()), Ok)?)?;
+    let gid = id(pax.gid.map_or_else(|| num(hdr.gid()), Ok)?)?;
+    // A base-256 header field is two's complement: negative times come out right.
+    let (mtime, mtime_nsec) = pax
+        .mtime
+        .map_or_else(|| num(hdr.mtime()).map(|t| (t as i64, 0)), Ok)?;
+    let perm = hdr.mode().map_err(|e| at.bad(&e))? & 0o7777;
+    Ok(Meta {
+        perm,
+        uid,
+        gid,
+        mtime,
+        mtime_nsec,
+        xattrs: Vec::new(),
+    })
+}
+
 /// One member as parsed from the recorded bytes.
 struct Member<'a> {
     hdr: &'a Header,
@@ -289,62 +340,33 @@ impl State<'_> {
     /// Converts one member and hands it to the sink.
     fn convert(
         &mut self,
-        m: Member<'_>,
+        mut m: Member<'_>,
         data: &mut Data<'_>,
         sink: &mut dyn EntrySink,
     ) -> Result<(), BuildError> {
-        let Member {
-            hdr,
-            ext,
-            pax,
-            raw_path,
-            shown,
-            size,
-        } = m;
-        let etype = hdr.entry_type();
-        if etype == EntryType::XGlobalHeader {
+        if m.hdr.entry_type() == EntryType::XGlobalHeader {
             return Ok(());
         }
-        let tap = self.tap;
-        let bad = |why: &dyn Display| entry_error(tap, &shown, why);
-        let unsafe_entry = |why| BuildError::UnsafeEntry {
-            path: shown.clone(),
-            why,
+        let (linkpath, xattrs) = (m.pax.linkpath.take(), std::mem::take(&mut m.pax.xattrs));
+        let at = At {
+            tap: self.tap,
+            shown: &m.shown,
         };
-        let unsupported = |why: &str| BuildError::Unsupported {
-            path: shown.clone(),
-            why: why.into(),
-        };
-        if pax.gnu_sparse {
-            return Err(unsupported("PAX-format GNU sparse files are not supported"));
+        if m.pax.gnu_sparse {
+            return Err(at.unsupported("PAX-format GNU sparse files are not supported"));
         }
-        if pax.size.is_some_and(|s| s != size) && etype != EntryType::GNUSparse {
-            return Err(bad(&format_args!(
+        let size = m.size;
+        if m.pax.size.is_some_and(|s| s != size) && m.hdr.entry_type() != EntryType::GNUSparse {
+            return Err(at.bad(&format_args!(
                 "PAX size {:?}, but the tar reader framed {size} bytes",
-                pax.size
+                m.pax.size
             )));
         }
-        let path = normalize(&raw_path).map_err(|b| b.error(&shown, false))?;
-        let num = |v: io::Result<u64>| v.map_err(|e| bad(&e));
-        let id = |v: u64| {
-            u32::try_from(v).map_err(|_| unsupported(&format!("id {v} does not fit in 32 bits")))
-        };
-        let uid = id(pax.uid.map_or_else(|| num(hdr.uid()), Ok)?)?;
-        let gid = id(pax.gid.map_or_else(|| num(hdr.gid()), Ok)?)?;
-        // A base-256 header field is two's complement: negative times come out right.
-        let (mtime, mtime_nsec) = pax
-            .mtime
-            .map_or_else(|| num(hdr.mtime()).map(|t| (t as i64, 0)), Ok)?;
-        let perm = hdr.mode().map_err(|e| bad(&e))? & 0o7777;
+        let path = normalize(&m.raw_path).map_err(|b| b.error(at.shown, false))?;
         let meta = Meta {
-            perm,
-            uid,
-            gid,
-            mtime,
-            mtime_nsec,
-            xattrs: pax.xattrs,
+            xattrs,
+            ..member_meta(&m, &at)?
         };
-
         let (dir, base) = match path.iter().rposition(|&b| b == b'/') {
             Some(i) => (&path[..i], &path[i + 1..]),
             None => (&path[..0], &path[..]),
@@ -352,61 +374,19 @@ impl State<'_> {
         let (path, kind) = if base == b".wh..wh..opq" {
             (dir.to_vec(), EntryKind::Opaque)
         } else if base.starts_with(b".wh..wh.") {
-            tracing::debug!(path = %shown, "skipping aufs metadata");
+            tracing::debug!(path = %at.shown, "skipping aufs metadata");
             return Ok(());
         } else if let Some(hidden) = base.strip_prefix(b".wh.") {
             if matches!(hidden, b"" | b"." | b"..") {
-                return Err(unsafe_entry("whiteout of an empty name, '.' or '..'"));
+                return Err(at.unsafe_entry("whiteout of an empty name, '.' or '..'"));
             }
             (join(dir, hidden), EntryKind::Whiteout)
         } else {
-            let link = ext.long_link.clone().or(pax.linkpath);
-            let link = link
-                .or_else(|| hdr.link_name_bytes().map(|l| l.into_owned()))
-                .unwrap_or_default();
-            let dev = || -> Result<u64, BuildError> {
-                let major = hdr.device_major().map_err(|e| bad(&e))?.unwrap_or(0);
-                let minor = hdr.device_minor().map_err(|e| bad(&e))?.unwrap_or(0);
-                Ok(libc::makedev(major, minor))
-            };
-            let old_dir = hdr.as_old().linkflag[0] == 0 && raw_path.ends_with(b"/");
-            let kind = match etype {
-                EntryType::Directory => EntryKind::Dir,
-                EntryType::Regular if old_dir => EntryKind::Dir,
-                EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
-                    EntryKind::File { size }
-                }
-                EntryType::Symlink if link.is_empty() => {
-                    return Err(unsupported("symlink without a target"))
-                }
-                EntryType::Symlink if link.contains(&0) => {
-                    return Err(unsafe_entry("symlink target holds a NUL"))
-                }
-                EntryType::Symlink => EntryKind::Symlink(link),
-                EntryType::Link => {
-                    let target = normalize(&link).map_err(|b| b.error(&shown, true))?;
-                    if !self.seen.contains(&target) && !self.links_below {
-                        let t = show(&target);
-                        return Err(bad(&format_args!(
-                            "hard link to {t:?}, not an earlier non-directory entry"
-                        )));
-                    }
-                    EntryKind::HardLink(target)
-                }
-                EntryType::Char => EntryKind::CharDev { rdev: dev()? },
-                EntryType::Block => EntryKind::BlockDev { rdev: dev()? },
-                EntryType::Fifo => EntryKind::Fifo,
-                other => {
-                    let t = char::from(other.as_byte());
-                    return Err(unsupported(&format!(
-                        "tar member type {t:?} is not supported"
-                    )));
-                }
-            };
+            let kind = self.member_kind(&m, linkpath, &at)?;
             (path, kind)
         };
         if path.is_empty() && !matches!(kind, EntryKind::Dir | EntryKind::Opaque) {
-            return Err(unsupported("a non-directory at the root"));
+            return Err(at.unsupported("a non-directory at the root"));
         }
         if matches!(
             kind,
@@ -421,6 +401,57 @@ impl State<'_> {
             Entry { path, meta, kind },
             file.then_some(FileSource::Stream(data)),
         )
+    }
+
+    /// What a member that is neither a whiteout nor an opaque marker is, from its type and link.
+    fn member_kind(
+        &self,
+        m: &Member<'_>,
+        linkpath: Option<Vec<u8>>,
+        at: &At<'_, '_>,
+    ) -> Result<EntryKind, BuildError> {
+        let hdr = m.hdr;
+        let link = m.ext.long_link.clone().or(linkpath);
+        let link = link
+            .or_else(|| hdr.link_name_bytes().map(|l| l.into_owned()))
+            .unwrap_or_default();
+        let dev = || -> Result<u64, BuildError> {
+            let major = hdr.device_major().map_err(|e| at.bad(&e))?.unwrap_or(0);
+            let minor = hdr.device_minor().map_err(|e| at.bad(&e))?.unwrap_or(0);
+            Ok(libc::makedev(major, minor))
+        };
+        let old_dir = hdr.as_old().linkflag[0] == 0 && m.raw_path.ends_with(b"/");
+        Ok(match hdr.entry_type() {
+            EntryType::Directory => EntryKind::Dir,
+            EntryType::Regular if old_dir => EntryKind::Dir,
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
+                EntryKind::File { size: m.size }
+            }
+            EntryType::Symlink if link.is_empty() => {
+                return Err(at.unsupported("symlink without a target"))
+            }
+            EntryType::Symlink if link.contains(&0) => {
+                return Err(at.unsafe_entry("symlink target holds a NUL"))
+            }
+            EntryType::Symlink => EntryKind::Symlink(link),
+            EntryType::Link => {
+                let target = normalize(&link).map_err(|b| b.error(at.shown, true))?;
+                if !self.seen.contains(&target) && !self.links_below {
+                    let t = show(&target);
+                    return Err(at.bad(&format_args!(
+                        "hard link to {t:?}, not an earlier non-directory entry"
+                    )));
+                }
+                EntryKind::HardLink(target)
+            }
+            EntryType::Char => EntryKind::CharDev { rdev: dev()? },
+            EntryType::Block => EntryKind::BlockDev { rdev: dev()? },
+            EntryType::Fifo => EntryKind::Fifo,
+            other => {
+                let t = char::from(other.as_byte());
+                return Err(at.unsupported(&format!("tar member type {t:?} is not supported")));
+            }
+        })
     }
 
     /// After the end-of-archive block: checks the input did not just stop, then reads it to its end.
