@@ -62,13 +62,20 @@ fn layer_digests(img: &Value) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn configs_are_declared_merged_in_order_and_kept() {
-    let sdir = scratch("store");
-    let store = StoreEnv::local(sdir.path());
+/// The layers the config tests compose: a base with a config, a toolkit adding to PATH, a workspace.
+struct Layers {
+    /// The base's source (the bad-flag builds use it again).
+    base_src: tempfile::TempDir,
+    base_layer: String,
+    tk: String,
+    ws: String,
+}
+
+/// Builds [`Layers`], checking the configs each build declares.
+fn three_layers(store: &StoreEnv) -> Layers {
     let base_src = tree(&[("etc/who", "base\n"), ("usr/bin/x", "x")]);
     build(
-        &store,
+        store,
         base_src.path(),
         &[
             "-t",
@@ -83,7 +90,7 @@ fn configs_are_declared_merged_in_order_and_kept() {
             "org.example.base=1",
         ],
     );
-    let base = inspect(&store, "cfg/base:v1");
+    let base = inspect(store, "cfg/base:v1");
     assert_eq!(
         strings(&base["manifest"]["config"]["env"]),
         ["PATH=/usr/bin:/bin", "LANG=C"]
@@ -95,7 +102,7 @@ fn configs_are_declared_merged_in_order_and_kept() {
     // The toolkit adds to PATH; its layer keeps the reference, unexpanded.
     let tk_src = tree(&[("opt/tk/bin/tool", "t"), ("etc/who", "toolkit\n")]);
     let tk = build(
-        &store,
+        store,
         tk_src.path(),
         &[
             "--kind",
@@ -114,7 +121,7 @@ fn configs_are_declared_merged_in_order_and_kept() {
             "org.example.tk=2",
         ],
     );
-    let tkl = inspect(&store, &tk);
+    let tkl = inspect(store, &tk);
     assert_eq!(
         strings(&tkl["config"]["env"]),
         [
@@ -130,7 +137,7 @@ fn configs_are_declared_merged_in_order_and_kept() {
     );
     let ws_src = tree(&[("work/README", "ws"), ("etc/who", "workspace\n")]);
     let ws = build(
-        &store,
+        store,
         ws_src.path(),
         &[
             "--kind",
@@ -144,21 +151,34 @@ fn configs_are_declared_merged_in_order_and_kept() {
         ],
     );
     let base_layer = layer_digests(&base)[0].clone();
+    Layers {
+        base_src,
+        base_layer,
+        tk,
+        ws,
+    }
+}
 
+/// Compose stacks the layers bottom to top in the order given and merges their configs; returns the
+/// inspected `cfg/a:v1` (base, toolkit, workspace).
+fn compose_in_the_order_given(store: &StoreEnv, l: &Layers) -> Value {
+    let Layers {
+        base_layer, tk, ws, ..
+    } = l;
     // Bottom to top in the order given: the toolkit below the workspace ...
     store.ok(&[
         "compose",
         "--base",
         "cfg/base:v1",
         "--toolkit",
-        &tk,
+        tk,
         "--workspace",
-        &ws,
+        ws,
         "-t",
         "cfg/a:v1",
     ]);
-    let a = inspect(&store, "cfg/a:v1");
-    assert_eq!(layer_digests(&a), [base_layer.as_str(), &tk, &ws]);
+    let a = inspect(store, "cfg/a:v1");
+    assert_eq!(layer_digests(&a), [base_layer.as_str(), tk, ws]);
     assert_eq!(store.ok(&["cat", "cfg/a:v1", "/etc/who"]), "workspace");
     let c = &a["manifest"]["config"];
     assert_eq!(
@@ -185,23 +205,26 @@ fn configs_are_declared_merged_in_order_and_kept() {
         "--base",
         "cfg/base:v1",
         "--workspace",
-        &ws,
+        ws,
         "--toolkit",
-        &tk,
+        tk,
         "-t",
         "cfg/b:v1",
     ]);
-    let b = inspect(&store, "cfg/b:v1");
-    assert_eq!(layer_digests(&b), [base_layer.as_str(), &ws, &tk]);
+    let b = inspect(store, "cfg/b:v1");
+    assert_eq!(layer_digests(&b), [base_layer.as_str(), ws, tk]);
     assert_eq!(store.ok(&["cat", "cfg/b:v1", "/etc/who"]), "toolkit");
+    a
+}
 
+fn compose_flags_apply_last(store: &StoreEnv, tk: &str) {
     // Compose's own flags and --config-from apply last.
     store.ok(&[
         "compose",
         "--base",
         "cfg/base:v1",
         "--toolkit",
-        &tk,
+        tk,
         "--env",
         "LANG=C.UTF-8",
         "--env",
@@ -211,7 +234,7 @@ fn configs_are_declared_merged_in_order_and_kept() {
         "-t",
         "cfg/c:v1",
     ]);
-    let c = inspect(&store, "cfg/c:v1")["manifest"]["config"].clone();
+    let c = inspect(store, "cfg/c:v1")["manifest"]["config"].clone();
     assert_eq!(
         strings(&c["env"]),
         [
@@ -227,7 +250,7 @@ fn configs_are_declared_merged_in_order_and_kept() {
         "--base",
         "cfg/base:v1",
         "--toolkit",
-        &tk,
+        tk,
         "--config-from",
         "cfg/base:v1",
         "--workdir",
@@ -235,10 +258,12 @@ fn configs_are_declared_merged_in_order_and_kept() {
         "-t",
         "cfg/d:v1",
     ]);
-    let d = inspect(&store, "cfg/d:v1")["manifest"]["config"].clone();
+    let d = inspect(store, "cfg/d:v1")["manifest"]["config"].clone();
     assert_eq!(strings(&d["env"]), ["PATH=/usr/bin:/bin", "LANG=C"]);
     assert_eq!(d["working_dir"], "/srv");
+}
 
+fn inspect_shows_the_config(store: &StoreEnv) {
     // inspect shows the config, and what a layer declares, to people too.
     let human = store.ok(&["inspect", "cfg/a:v1"]);
     assert!(
@@ -250,7 +275,10 @@ fn configs_are_declared_merged_in_order_and_kept() {
         "{human}"
     );
     assert!(human.contains("built on image"), "{human}");
+}
 
+/// pack_diff and flatten of `a` (the inspected `cfg/a:v1`) keep its config.
+fn pack_diff_and_flatten_keep_it(store: &StoreEnv, a: &Value, base_layer: &str) {
     // pack_diff keeps the image's config and applies its flags; the diff records its image.
     let upper = tree(&[("work/out.txt", "result")]);
     let out = json(&store.ok(&[
@@ -265,7 +293,7 @@ fn configs_are_declared_merged_in_order_and_kept() {
         "STEP=2",
         "--json",
     ]));
-    let snap = inspect(&store, "cfg/a:snap");
+    let snap = inspect(store, "cfg/a:snap");
     let sc = &snap["manifest"]["config"];
     assert_eq!(
         strings(&sc["env"]).last().map(String::as_str),
@@ -273,15 +301,15 @@ fn configs_are_declared_merged_in_order_and_kept() {
     );
     assert_eq!(sc["working_dir"], "/work");
     assert_eq!(sc["user"], "1000:1000");
-    let diff = inspect(&store, out["layer"].as_str().expect("layer"));
+    let diff = inspect(store, out["layer"].as_str().expect("layer"));
     assert_eq!(diff["built_on"]["image"], a["digest"]);
     assert_eq!(strings(&diff["config"]["env"]), ["STEP=2"]);
     // flatten keeps it (or changes it with flags); the flattened bottom declares the whole config.
     let f = json(&store.ok(&["flatten", "cfg/a:snap", "-t", "cfg/a:flat", "--json"]));
-    assert_eq!(inspect(&store, "cfg/a:flat")["manifest"]["config"], *sc);
+    assert_eq!(inspect(store, "cfg/a:flat")["manifest"]["config"], *sc);
     let flat = f["layer"].as_str().expect("layer").to_string();
     store.ok(&["compose", "--base", &flat, "-t", "cfg/a:flat2"]);
-    assert_eq!(inspect(&store, "cfg/a:flat2")["manifest"]["config"], *sc);
+    assert_eq!(inspect(store, "cfg/a:flat2")["manifest"]["config"], *sc);
     store.ok(&[
         "flatten",
         "cfg/a:snap",
@@ -292,12 +320,12 @@ fn configs_are_declared_merged_in_order_and_kept() {
         "--user",
         "0",
     ]);
-    let f3 = inspect(&store, "cfg/a:flat3");
+    let f3 = inspect(store, "cfg/a:flat3");
     assert_eq!(f3["manifest"]["config"]["user"], "0");
     let top = &f3["layers"][1];
     assert_eq!(
         strings(&top["built_on"]["layers"]),
-        [base_layer.as_str()],
+        [base_layer],
         "a flattened upper range records the layers below it"
     );
     assert_eq!(
@@ -310,7 +338,9 @@ fn configs_are_declared_merged_in_order_and_kept() {
         ],
         "a flattened range declares what its layers declared"
     );
+}
 
+fn bad_flags_name_the_flag(store: &StoreEnv, src: &Path) {
     // Bad flags are usage errors naming the flag.
     for (flag, value) in [
         ("--env", "NOEQUALS"),
@@ -318,10 +348,22 @@ fn configs_are_declared_merged_in_order_and_kept() {
         ("--workdir", "relative"),
         ("--label", "=x"),
     ] {
-        let o = store.run(&["build", p(base_src.path()), flag, value]);
+        let o = store.run(&["build", p(src), flag, value]);
         assert_eq!(o.status.code(), Some(2), "{flag} {value}: {}", stderr(&o));
         assert!(stderr(&o).contains(flag), "{}", stderr(&o));
     }
+}
+
+#[test]
+fn configs_are_declared_merged_in_order_and_kept() {
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let layers = three_layers(&store);
+    let a = compose_in_the_order_given(&store, &layers);
+    compose_flags_apply_last(&store, &layers.tk);
+    inspect_shows_the_config(&store);
+    pack_diff_and_flatten_keep_it(&store, &a, &layers.base_layer);
+    bad_flags_name_the_flag(&store, layers.base_src.path());
 }
 
 #[test]
