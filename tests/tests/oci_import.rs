@@ -77,6 +77,124 @@ fn fixture(label: &str) -> Option<Fixture> {
     })
 }
 
+/// umoci's own rootfs has what the layers say, so comparing with it is not vacuous.
+fn umoci_rootfs_is_not_vacuous(rootfs: &Path) {
+    let want = snapshot(rootfs);
+    let tool = &want[&b"usr/bin/tool"[..]];
+    assert_eq!(tool.xattrs, [(b"trusted.note".to_vec(), b"t".to_vec())]);
+    assert_eq!(tool.mode, 0o104755);
+    let sgid = &want[&b"usr/bin/sgid"[..]].xattrs;
+    assert_eq!(sgid[0].0, b"security.capability");
+    assert_eq!(
+        want[&b"new/b"[..]].link_group.as_deref(),
+        Some(&b"new/a"[..])
+    );
+    assert_eq!(want[&b"dev-blk"[..]].rdev, libc::makedev(259, 70000));
+    assert_eq!(want[&b"var/sparse.img"[..]].size, 5 << 20);
+    assert!(want[&b"repl"[..]].content.is_some(), "repl is a file");
+    assert!(want.contains_key(&b"opq/fresh-dir"[..]));
+    // Whiteouts never hide entries of their own layer (the fifth layer has both orders).
+    for kept in ["ghostdir/same", "data/keep", "f2d/new", "ghostdir/kept"] {
+        assert!(want.contains_key(kept.as_bytes()), "{kept} is missing");
+    }
+    // Hard links to files of the layers below: one inode once extracted.
+    let big = &want[&b"usr/lib/big.bin"[..]];
+    assert_eq!(want[&b"ghostdir/biglink"[..]].link_group, big.link_group);
+    assert!(big.content.is_some() && big.size > 2 << 20);
+    for gone in [
+        "opq/old",
+        "data/gone",
+        "etc/link-abs",
+        "usr/share/doc",
+        "f2d/inside",
+    ] {
+        assert!(!want.contains_key(gone.as_bytes()), "{gone} is still there");
+    }
+}
+
+/// `--flatten` makes one layer of the same tree and config; importing again reuses every layer and
+/// stores nothing but the tag.
+fn flatten_and_again_reuse_the_layers(
+    store: &StoreEnv,
+    store_dir: &Path,
+    src: &str,
+    out: &serde_json::Value,
+    cfg: &serde_json::Value,
+    rootfs: &Path,
+) {
+    // --flatten: one layer without whiteouts, the same tree; the layers themselves are reused.
+    let flat = import_json(store, &[src, "-t", "umoci/img:flat", "--flatten"]);
+    assert_eq!(flat["flattened"]["whiteouts"], 0, "{flat}");
+    assert!(flat["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .all(|l| l["reused"] == true));
+    let insp = json(&store.ok(&["inspect", "umoci/img:flat", "--json"]));
+    assert_eq!(insp["layers"].as_array().expect("layers").len(), 1);
+    assert_eq!(insp["manifest"]["config"], cfg.clone());
+    if can_mount() {
+        compare_mounted(store, "umoci/img:flat", rootfs, None);
+    }
+
+    // Importing again reuses every layer and stores nothing.
+    let files_before = walkdir::WalkDir::new(store_dir).into_iter().count();
+    let again = import_json(store, &[src, "-t", "umoci/img:again"]);
+    assert!(again["flattened"].is_null());
+    assert_eq!(again["digest"], out["digest"], "same image, same manifest");
+    assert_eq!(again["stored_bytes"], 0);
+    assert!(again["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .all(|l| l["reused"] == true));
+    let files_after = walkdir::WalkDir::new(store_dir).into_iter().count();
+    assert_eq!(
+        files_before + 1,
+        files_after,
+        "only the new tag was written"
+    );
+}
+
+/// An image on top of the imported one, and the same OCI layers on other lower layers.
+fn derived_and_rebased_images(store: &StoreEnv, work: &Path, layout: &Path) {
+    // An image on top of it: the shared layers are reused, only the new one is built.
+    let bundle = work.join("B2");
+    let image = format!("{}:t", s(layout));
+    run("umoci", &["unpack", "--image", &image, s(&bundle)]);
+    std::fs::write(bundle.join("rootfs/data/added"), b"layer five").expect("write");
+    run(
+        "umoci",
+        &[
+            "repack",
+            "--image",
+            &format!("{}:t2", s(layout)),
+            s(&bundle),
+        ],
+    );
+    let derived = import_json(
+        store,
+        &[&format!("oci:{}:t2", s(layout)), "-t", "umoci/img:v2"],
+    );
+    let reused = reused_flags(&derived);
+    assert_eq!(reused, [true, true, true, true, true, false]);
+
+    // The same OCI layers on other lower layers are other strata layers (whiteouts kept, implied
+    // directories, links below depend on them): without layer 2, only layer 1 is reused.
+    let rebased = work.join("rebased");
+    run("cp", &["-a", s(layout), s(&rebased)]);
+    helper(&rebased, "t", &["drop-layer", "1"]);
+    let other = import_json(
+        store,
+        &[&format!("oci:{}:t", s(&rebased)), "-t", "umoci/img:rebased"],
+    );
+    assert_eq!(reused_flags(&other), [true, false, false, false]);
+    assert_eq!(
+        store.ok(&["cat", "umoci/img:rebased", "/opq/fresh"]),
+        "only this is left"
+    );
+}
+
 #[test]
 fn umoci_image_imports_as_umoci_unpacks_it() {
     let Some(Fixture {
@@ -117,38 +235,7 @@ fn umoci_image_imports_as_umoci_unpacks_it() {
         layers[1]["diff_id"]
     );
 
-    // The comparison is not vacuous: umoci's rootfs has what the layers say.
-    let want = snapshot(&unpacked.join("rootfs"));
-    let tool = &want[&b"usr/bin/tool"[..]];
-    assert_eq!(tool.xattrs, [(b"trusted.note".to_vec(), b"t".to_vec())]);
-    assert_eq!(tool.mode, 0o104755);
-    let sgid = &want[&b"usr/bin/sgid"[..]].xattrs;
-    assert_eq!(sgid[0].0, b"security.capability");
-    assert_eq!(
-        want[&b"new/b"[..]].link_group.as_deref(),
-        Some(&b"new/a"[..])
-    );
-    assert_eq!(want[&b"dev-blk"[..]].rdev, libc::makedev(259, 70000));
-    assert_eq!(want[&b"var/sparse.img"[..]].size, 5 << 20);
-    assert!(want[&b"repl"[..]].content.is_some(), "repl is a file");
-    assert!(want.contains_key(&b"opq/fresh-dir"[..]));
-    // Whiteouts never hide entries of their own layer (the fifth layer has both orders).
-    for kept in ["ghostdir/same", "data/keep", "f2d/new", "ghostdir/kept"] {
-        assert!(want.contains_key(kept.as_bytes()), "{kept} is missing");
-    }
-    // Hard links to files of the layers below: one inode once extracted.
-    let big = &want[&b"usr/lib/big.bin"[..]];
-    assert_eq!(want[&b"ghostdir/biglink"[..]].link_group, big.link_group);
-    assert!(big.content.is_some() && big.size > 2 << 20);
-    for gone in [
-        "opq/old",
-        "data/gone",
-        "etc/link-abs",
-        "usr/share/doc",
-        "f2d/inside",
-    ] {
-        assert!(!want.contains_key(gone.as_bytes()), "{gone} is still there");
-    }
+    umoci_rootfs_is_not_vacuous(&unpacked.join("rootfs"));
     if can_mount() {
         compare_mounted(
             &store,
@@ -157,75 +244,15 @@ fn umoci_image_imports_as_umoci_unpacks_it() {
             Some(&unpacked.join("config.json")),
         );
     }
-
-    // --flatten: one layer without whiteouts, the same tree; the layers themselves are reused.
-    let flat = import_json(&store, &[&src, "-t", "umoci/img:flat", "--flatten"]);
-    assert_eq!(flat["flattened"]["whiteouts"], 0, "{flat}");
-    assert!(flat["layers"]
-        .as_array()
-        .expect("layers")
-        .iter()
-        .all(|l| l["reused"] == true));
-    let insp = json(&store.ok(&["inspect", "umoci/img:flat", "--json"]));
-    assert_eq!(insp["layers"].as_array().expect("layers").len(), 1);
-    assert_eq!(insp["manifest"]["config"], cfg.clone());
-    if can_mount() {
-        compare_mounted(&store, "umoci/img:flat", &unpacked.join("rootfs"), None);
-    }
-
-    // Importing again reuses every layer and stores nothing.
-    let files_before = walkdir::WalkDir::new(sdir.path()).into_iter().count();
-    let again = import_json(&store, &[&src, "-t", "umoci/img:again"]);
-    assert!(again["flattened"].is_null());
-    assert_eq!(again["digest"], out["digest"], "same image, same manifest");
-    assert_eq!(again["stored_bytes"], 0);
-    assert!(again["layers"]
-        .as_array()
-        .expect("layers")
-        .iter()
-        .all(|l| l["reused"] == true));
-    let files_after = walkdir::WalkDir::new(sdir.path()).into_iter().count();
-    assert_eq!(
-        files_before + 1,
-        files_after,
-        "only the new tag was written"
-    );
-
-    // An image on top of it: the shared layers are reused, only the new one is built.
-    let bundle = work.path().join("B2");
-    let image = format!("{}:t", s(&layout));
-    run("umoci", &["unpack", "--image", &image, s(&bundle)]);
-    std::fs::write(bundle.join("rootfs/data/added"), b"layer five").expect("write");
-    run(
-        "umoci",
-        &[
-            "repack",
-            "--image",
-            &format!("{}:t2", s(&layout)),
-            s(&bundle),
-        ],
-    );
-    let derived = import_json(
+    flatten_and_again_reuse_the_layers(
         &store,
-        &[&format!("oci:{}:t2", s(&layout)), "-t", "umoci/img:v2"],
+        sdir.path(),
+        &src,
+        &out,
+        cfg,
+        &unpacked.join("rootfs"),
     );
-    let reused = reused_flags(&derived);
-    assert_eq!(reused, [true, true, true, true, true, false]);
-
-    // The same OCI layers on other lower layers are other strata layers (whiteouts kept, implied
-    // directories, links below depend on them): without layer 2, only layer 1 is reused.
-    let rebased = work.path().join("rebased");
-    run("cp", &["-a", s(&layout), s(&rebased)]);
-    helper(&rebased, "t", &["drop-layer", "1"]);
-    let other = import_json(
-        &store,
-        &[&format!("oci:{}:t", s(&rebased)), "-t", "umoci/img:rebased"],
-    );
-    assert_eq!(reused_flags(&other), [true, false, false, false]);
-    assert_eq!(
-        store.ok(&["cat", "umoci/img:rebased", "/opq/fresh"]),
-        "only this is left"
-    );
+    derived_and_rebased_images(&store, work.path(), &layout);
 
     // An import record whose layer is gone is not trusted: that layer is built again.
     let third = layers[2]["digest"].as_str().expect("digest");
@@ -429,16 +456,14 @@ fn nothing_referenced(store: &StoreEnv, dir: &Path, tag: &str) {
     assert_eq!(manifests, 0, "a failed import wrote a manifest");
 }
 
-#[test]
-fn bad_oci_sources_are_refused_clearly() {
-    if !have_umoci() {
-        return;
-    }
-    let work = scratch("oci-bad");
-    let pristine = umoci_image(work.path());
+/// A layout case: its name, the layout, the exit code expected, what the message must name.
+type Case = (String, PathBuf, i32, Vec<String>);
+
+/// Copies of the pristine layout with a blob removed, flipped or edited.
+fn edited_layouts(work: &Path, pristine: &Path) -> Vec<Case> {
     let copy = |name: &str| {
-        let dst = work.path().join(name);
-        run("cp", &["-a", s(&pristine), s(&dst)]);
+        let dst = work.join(name);
+        run("cp", &["-a", s(pristine), s(&dst)]);
         dst
     };
     let manifest_of = |l: &Path| -> serde_json::Value {
@@ -454,10 +479,7 @@ fn bad_oci_sources_are_refused_clearly() {
             .to_string();
         (l.join("blobs/sha256").join(&d[7..]), d)
     };
-
-    // (layout, expected exit code, what the message must name)
-    let mut cases: Vec<(String, PathBuf, i32, Vec<String>)> = Vec::new();
-
+    let mut cases: Vec<Case> = Vec::new();
     let l = copy("missing");
     let (blob, digest) = layer_blob(&l, 1);
     std::fs::remove_file(&blob).expect("rm");
@@ -497,7 +519,18 @@ fn bad_oci_sources_are_refused_clearly() {
         5,
         vec!["config".into(), "digest mismatch".into(), cfg],
     ));
+    cases
+}
 
+/// Copies of the pristine layout the test helper made wrong (a diff ID, a media type, an unsafe path),
+/// and one asked for a reference it lacks.
+fn wrong_layouts(work: &Path, pristine: &Path) -> Vec<Case> {
+    let copy = |name: &str| {
+        let dst = work.join(name);
+        run("cp", &["-a", s(pristine), s(&dst)]);
+        dst
+    };
+    let mut cases: Vec<Case> = Vec::new();
     let l = copy("diffid");
     helper(&l, "t", &["diff-id", "2"]);
     cases.push((
@@ -529,7 +562,7 @@ fn bad_oci_sources_are_refused_clearly() {
     ));
 
     let l = copy("dotdot");
-    let evil = work.path().join("evil.tar");
+    let evil = work.join("evil.tar");
     run(
         "python3",
         &[
@@ -553,7 +586,18 @@ fn bad_oci_sources_are_refused_clearly() {
         3,
         vec!["nope".into(), "t".into()],
     ));
+    cases
+}
 
+#[test]
+fn bad_oci_sources_are_refused_clearly() {
+    if !have_umoci() {
+        return;
+    }
+    let work = scratch("oci-bad");
+    let pristine = umoci_image(work.path());
+    let mut cases = edited_layouts(work.path(), &pristine);
+    cases.extend(wrong_layouts(work.path(), &pristine));
     for (name, layout, code, needles) in &cases {
         let sdir = scratch("store");
         let store = StoreEnv::local(sdir.path());
@@ -601,7 +645,10 @@ fn bad_oci_sources_are_refused_clearly() {
         stderr(&o)
     );
     nothing_referenced(&store, sdir.path(), "bad:x");
+}
 
+#[test]
+fn missing_and_malformed_sources_are_refused() {
     // Missing source, bad source syntax.
     let sdir = scratch("store");
     let store = StoreEnv::local(sdir.path());
