@@ -116,16 +116,29 @@ fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
     v
 }
 
+/// Inserts a node into the test tree.
+fn ins(t: &mut Tree, path: &[u8], m: Meta, k: NodeKind) {
+    t.insert(path, m, k).expect("insert");
+}
+
+/// The test tree: every kind of entry and metadata the writer must get right, files inline and
+/// chunked over two devices of `blobs`.
 fn build(blobs: &mut Blobs) -> Tree {
     let mut t = Tree::new();
-    let ins = |t: &mut Tree, path: &[u8], m: Meta, k: NodeKind| {
-        t.insert(path, m, k).expect("insert");
-    };
     let mut root = meta(0o755, 1_700_000_000, 1);
     root.xattrs = vec![(b"user.root".to_vec(), b"yes".to_vec())];
     ins(&mut t, b"", root, NodeKind::Dir(BTreeMap::new()));
 
-    // Regular files stored inline, of sizes around the block size.
+    inline_files_and_hard_links(&mut t);
+    special_bits_ids_and_acls(&mut t);
+    links_devices_fifo_socket(&mut t);
+    chunked_files(&mut t, blobs);
+    wide_directories_and_odd_names(&mut t);
+    t
+}
+
+/// Regular files stored inline, of sizes around the block size; hard links and whiteouts.
+fn inline_files_and_hard_links(t: &mut Tree) {
     let mut passwd = meta(0o644, 1_600_000_000, 999_999_999);
     passwd.xattrs = vec![
         (b"security.selinux_like".to_vec(), b"label\0".to_vec()),
@@ -137,16 +150,16 @@ fn build(blobs: &mut Blobs) -> Tree {
         ),
     ];
     ins(
-        &mut t,
+        t,
         b"etc/passwd",
         passwd,
         inline(b"root:x:0:0:root:/root:/bin/sh\n"),
     );
-    ins(&mut t, b"empty", meta(0o600, 0, 0), inline(b""));
+    ins(t, b"empty", meta(0o600, 0, 0), inline(b""));
     for size in [1usize, 4000, 4096, 5000, 12_289, 70_000] {
         let m = meta(0o640, 1_000 + size as i64, size as u32);
         ins(
-            &mut t,
+            t,
             format!("sizes/{size}").as_bytes(),
             m,
             inline(&pattern(&size.to_string(), size)),
@@ -155,16 +168,13 @@ fn build(blobs: &mut Blobs) -> Tree {
     // Hard links: three names for one file, two whiteouts sharing a node (as overlay makes them).
     t.link(b"etc/passwd.hard", b"etc/passwd").expect("link");
     t.link(b"sizes/also-passwd", b"etc/passwd").expect("link");
-    ins(
-        &mut t,
-        b"wh/gone",
-        meta(0, 0, 0),
-        NodeKind::CharDev { rdev: 0 },
-    );
+    ins(t, b"wh/gone", meta(0, 0, 0), NodeKind::CharDev { rdev: 0 });
     t.link(b"wh/gone2", b"wh/gone").expect("link");
     t.set_opaque(b"wh").expect("opaque");
+}
 
-    // Special bits, big ids, times before the epoch.
+/// Special bits, big ids, times before the epoch, ACLs.
+fn special_bits_ids_and_acls(t: &mut Tree) {
     let mut su = meta(0o4755, -1_000_000_000, 5);
     su.uid = 0;
     su.gid = 0;
@@ -172,15 +182,10 @@ fn build(blobs: &mut Blobs) -> Tree {
         b"security.capability".to_vec(),
         vec![1, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
     )];
-    ins(&mut t, b"bin/su", su, inline(b"#!/bin/sh\nexec id\n"));
+    ins(t, b"bin/su", su, inline(b"#!/bin/sh\nexec id\n"));
+    ins(t, b"bin/sg", meta(0o2711, -1, 999_999_999), inline(b"sg"));
     ins(
-        &mut t,
-        b"bin/sg",
-        meta(0o2711, -1, 999_999_999),
-        inline(b"sg"),
-    );
-    ins(
-        &mut t,
+        t,
         b"tmp",
         meta(0o1777, 86_400, 0),
         NodeKind::Dir(BTreeMap::new()),
@@ -198,7 +203,7 @@ fn build(blobs: &mut Blobs) -> Tree {
             (0x20, 0, u32::MAX),
         ]),
     )];
-    ins(&mut t, b"home/big-ids", big_ids, inline(b"ids"));
+    ins(t, b"home/big-ids", big_ids, inline(b"ids"));
     let mut shared = meta(0o2775, 1, 0);
     shared.xattrs = vec![(
         b"system.posix_acl_default".to_vec(),
@@ -210,30 +215,21 @@ fn build(blobs: &mut Blobs) -> Tree {
             (0x20, 5, u32::MAX),
         ]),
     )];
-    ins(
-        &mut t,
-        b"home/shared",
-        shared,
-        NodeKind::Dir(BTreeMap::new()),
-    );
+    ins(t, b"home/shared", shared, NodeKind::Dir(BTreeMap::new()));
+}
 
-    // Symlinks, devices, fifo, socket.
+fn links_devices_fifo_socket(t: &mut Tree) {
     let mut link = meta(0o777, 5, 5);
     link.xattrs = vec![(b"trusted.overlay.redirect".to_vec(), b"/x".to_vec())];
+    ins(t, b"link", link, NodeKind::Symlink(b"etc/passwd".to_vec()));
     ins(
-        &mut t,
-        b"link",
-        link,
-        NodeKind::Symlink(b"etc/passwd".to_vec()),
-    );
-    ins(
-        &mut t,
+        t,
         b"longlink",
         meta(0o777, 6, 6),
         NodeKind::Symlink(pattern("t", 4095).iter().map(|b| b'a' + b % 26).collect()),
     );
     ins(
-        &mut t,
+        t,
         b"dev/null",
         meta(0o666, 7, 7),
         NodeKind::CharDev {
@@ -241,7 +237,7 @@ fn build(blobs: &mut Blobs) -> Tree {
         },
     );
     ins(
-        &mut t,
+        t,
         b"dev/sda",
         meta(0o660, 8, 8),
         NodeKind::BlockDev {
@@ -249,34 +245,38 @@ fn build(blobs: &mut Blobs) -> Tree {
         },
     );
     ins(
-        &mut t,
+        t,
         b"dev/wide",
         meta(0o600, 9, 9),
         NodeKind::CharDev {
             rdev: makedev(300, 70_000),
         },
     );
-    ins(&mut t, b"dev/fifo", meta(0o644, 10, 10), NodeKind::Fifo);
-    ins(&mut t, b"dev/sock", meta(0o755, 11, 11), NodeKind::Socket);
+    ins(t, b"dev/fifo", meta(0o644, 10, 10), NodeKind::Fifo);
+    ins(t, b"dev/sock", meta(0o755, 11, 11), NodeKind::Socket);
+}
 
-    // Chunked files over two devices: a hole, a short last chunk, a shared chunk, all-hole, empty.
+/// Chunked files over two devices: a hole, a short last chunk, a shared chunk, all-hole, empty.
+fn chunked_files(t: &mut Tree, blobs: &mut Blobs) {
     let big = pattern("big", (3 * CHUNK + 10 * 1024 + 5) as usize);
     let mut big_with_hole = big.clone();
     big_with_hole[CHUNK as usize..2 * CHUNK as usize].fill(0);
     let kind = blobs.file(&big_with_hole, &[Some(0), None, Some(1), Some(0)]);
-    ins(&mut t, b"data/big", meta(0o644, 12, 12), kind);
+    ins(t, b"data/big", meta(0o644, 12, 12), kind);
     let mut dup = big[..CHUNK as usize].to_vec();
     dup.extend_from_slice(&pattern("dup", CHUNK as usize));
     let kind = blobs.file(&dup, &[Some(1), Some(1)]);
-    ins(&mut t, b"data/dup", meta(0o644, 13, 13), kind);
+    ins(t, b"data/dup", meta(0o644, 13, 13), kind);
     let kind = blobs.file(&vec![0; (2 * CHUNK + 1) as usize], &[None, None, None]);
-    ins(&mut t, b"data/sparse", meta(0o644, 14, 14), kind);
+    ins(t, b"data/sparse", meta(0o644, 14, 14), kind);
     let kind = blobs.file(&[], &[]);
-    ins(&mut t, b"data/zero", meta(0o644, 15, 15), kind);
+    ins(t, b"data/zero", meta(0o644, 15, 15), kind);
     let kind = blobs.file(&pattern("small", 100), &[Some(1)]);
-    ins(&mut t, b"data/small", meta(0o644, 16, 16), kind);
+    ins(t, b"data/small", meta(0o644, 16, 16), kind);
+}
 
-    // A 5,000-entry directory, 255-byte and non-UTF-8 names, a deep path.
+/// A 5,000-entry directory, 255-byte and non-UTF-8 names, a deep path.
+fn wide_directories_and_odd_names(t: &mut Tree) {
     for i in 0..5000u32 {
         let name = format!("many/f{i:04}{}", "x".repeat((i % 50) as usize));
         let kind = match i % 4 {
@@ -284,7 +284,7 @@ fn build(blobs: &mut Blobs) -> Tree {
             1 => NodeKind::Symlink(format!("../t{i}").into_bytes()),
             _ => inline(&i.to_le_bytes()),
         };
-        ins(&mut t, name.as_bytes(), meta(0o644, i64::from(i), i), kind);
+        ins(t, name.as_bytes(), meta(0o644, i64::from(i), i), kind);
     }
     t.link(b"many/hard-to-passwd", b"etc/passwd").expect("link");
     let names: [Vec<u8>; 4] = [
@@ -299,15 +299,14 @@ fn build(blobs: &mut Blobs) -> Tree {
     for n in &names {
         let mut p = b"names/".to_vec();
         p.extend_from_slice(n);
-        ins(&mut t, &p, meta(0o644, 17, 17), inline(n));
+        ins(t, &p, meta(0o644, 17, 17), inline(n));
     }
     let deep: Vec<u8> = (0..600)
         .flat_map(|i| format!("{}/", i % 10).into_bytes())
         .collect();
     let mut leaf = deep.clone();
     leaf.extend_from_slice(b"leaf");
-    ins(&mut t, &leaf, meta(0o644, 18, 18), inline(b"deep"));
-    t
+    ins(t, &leaf, meta(0o644, 18, 18), inline(b"deep"));
 }
 
 /// Unmounts when dropped, whether the test passed or not.
