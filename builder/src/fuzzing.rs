@@ -88,9 +88,7 @@ pub fn tar(data: &[u8]) {
 /// scanned, `manifest.json` and the config parsed and checked — then reads each layer it names (up to
 /// the same bound as [`tar`]) and builds it as [`tar`] does. Errors are answers; a panic is a bug.
 pub fn docker_archive(data: &[u8]) {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let file = std::env::temp_dir().join(format!("strata-fuzz-{}-{n}.tar", std::process::id()));
+    let file = scratch_path("tar");
     if std::fs::write(&file, data).is_err() {
         return;
     }
@@ -121,53 +119,13 @@ pub fn oci_layout(data: &[u8]) {
 
 /// [`oci_layout`], with what to do with an image that opened.
 fn oci_layout_with(data: &[u8], opened: &dyn Fn(&crate::oci::OciImage)) {
-    use sha2::{Digest, Sha256};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let mut parts: Vec<Vec<u8>> = Vec::new();
-    let mut rest = data;
-    while parts.len() < 9 {
-        let Some(at) = rest
-            .windows(LAYOUT_SEPARATOR.len())
-            .position(|w| w == LAYOUT_SEPARATOR)
-        else {
-            break;
-        };
-        parts.push(rest[..at].to_vec());
-        rest = &rest[at + LAYOUT_SEPARATOR.len()..];
-    }
-    parts.push(rest.to_vec());
-    let mut names: Vec<(String, usize)> = vec![(String::new(), 0); parts.len()];
-    for i in (0..parts.len()).rev() {
-        let mut out = Vec::with_capacity(parts[i].len());
-        let mut k = 0;
-        let part = &parts[i];
-        while k < part.len() {
-            let target = part
-                .get(k + 1)
-                .and_then(|c| c.is_ascii_digit().then(|| (c - b'0') as usize));
-            match (part[k], target) {
-                (b'@', Some(t)) if t > i && t < parts.len() => out.extend(names[t].0.as_bytes()),
-                (b'#', Some(t)) if t > i && t < parts.len() => {
-                    out.extend(names[t].1.to_string().as_bytes())
-                }
-                _ => {
-                    out.push(part[k]);
-                    k += 1;
-                    continue;
-                }
-            }
-            k += 2;
-        }
-        names[i] = (format!("{:x}", Sha256::digest(&out)), out.len());
-        parts[i] = out;
-    }
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("strata-fuzz-{}-{n}.oci", std::process::id()));
+    let parts = resolve_references(split_parts(data));
+    let dir = scratch_path("oci");
     let blobs = dir.join("blobs").join("sha256");
     let written = std::fs::create_dir_all(&blobs).and_then(|()| {
         std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
-        std::fs::write(dir.join("index.json"), &parts[0])?;
-        for (part, (hex, _)) in parts.iter().zip(&names).skip(1) {
+        std::fs::write(dir.join("index.json"), &parts[0].0)?;
+        for (part, hex) in &parts[1..] {
             std::fs::write(blobs.join(hex), part)?;
         }
         Ok(())
@@ -182,6 +140,64 @@ fn oci_layout_with(data: &[u8], opened: &dyn Fn(&crate::oci::OciImage)) {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `data` split at [`LAYOUT_SEPARATOR`], into ten parts at most (`@N` names one digit).
+fn split_parts(data: &[u8]) -> Vec<Vec<u8>> {
+    let mut parts = Vec::new();
+    let mut rest = data;
+    while parts.len() < 9 {
+        let Some(at) = rest
+            .windows(LAYOUT_SEPARATOR.len())
+            .position(|w| w == LAYOUT_SEPARATOR)
+        else {
+            break;
+        };
+        parts.push(rest[..at].to_vec());
+        rest = &rest[at + LAYOUT_SEPARATOR.len()..];
+    }
+    parts.push(rest.to_vec());
+    parts
+}
+
+/// Each part with its `@N` and `#N` replaced by part N's hex SHA-256 and size (N later than the part;
+/// else left as it is), and its own hex SHA-256. Finished last to first.
+fn resolve_references(parts: Vec<Vec<u8>>) -> Vec<(Vec<u8>, String)> {
+    use sha2::{Digest, Sha256};
+    let mut done: Vec<(Vec<u8>, String)> = Vec::with_capacity(parts.len());
+    for (i, part) in parts.iter().enumerate().rev() {
+        // `done` holds parts i+1.. in reverse: part t is done[parts.len() - 1 - t].
+        let later = |c: Option<&u8>| {
+            let c = *c.filter(|c| c.is_ascii_digit())?;
+            let t = usize::from(c - b'0');
+            (t > i && t < parts.len()).then(|| &done[parts.len() - 1 - t])
+        };
+        let mut out = Vec::with_capacity(part.len());
+        let mut k = 0;
+        while k < part.len() {
+            match (part[k], later(part.get(k + 1))) {
+                (b'@', Some((_, hex))) => out.extend(hex.as_bytes()),
+                (b'#', Some((bytes, _))) => out.extend(bytes.len().to_string().as_bytes()),
+                (b, _) => {
+                    out.push(b);
+                    k += 1;
+                    continue;
+                }
+            }
+            k += 2;
+        }
+        let hex = format!("{:x}", Sha256::digest(&out));
+        done.push((out, hex));
+    }
+    done.reverse();
+    done
+}
+
+/// A path of its own in the temporary directory for one input (`ext` names its kind).
+fn scratch_path(ext: &str) -> std::path::PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("strata-fuzz-{}-{n}.{ext}", std::process::id()))
 }
 
 /// Each of an opened image's layers, read up to [`MAX_DATA`] and built as [`tar`] builds one.

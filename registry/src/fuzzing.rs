@@ -2,8 +2,9 @@
 //! and this module's stable smoke test run on arbitrary bytes.
 //!
 //! Everything here reads what a store holds — a blob's table of contents and footer, compressed
-//! frames, layer metadata streams, layer descriptors and manifests, names — and a store is not trusted: whatever the bytes, a parser
-//! answers with a value or an error, never a panic or an allocation beyond its stated bound. Where a
+//! frames, layer metadata streams, layer descriptors and manifests, names — and a store is not
+//! trusted: whatever the bytes, a parser answers with a value or an error, never a panic or an
+//! allocation beyond its stated bound. Where a
 //! value comes out, it must survive its own round trip (a TOC that decodes re-encodes to itself).
 
 use crate::model::{JsonObject, LayerDescriptor, Manifest, Reference, TagName};

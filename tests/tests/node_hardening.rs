@@ -233,3 +233,18 @@ fn node_state_is_private_and_status_names_only_a_live_holder() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn an_upgrade_of_a_daemon_without_a_holder_is_refused_as_a_conflict() {
+    if !can_mount() {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let d = Daemon::start(&store, &["--no-holder"]);
+    let out = d.strata(&["daemon", "upgrade", "--timeout", "5"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    // The control API's kind (conflict) is the exit code, and the message says why.
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("--no-holder"), "{err}");
+}

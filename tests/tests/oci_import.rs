@@ -459,13 +459,16 @@ fn nothing_referenced(store: &StoreEnv, dir: &Path, tag: &str) {
 /// A layout case: its name, the layout, the exit code expected, what the message must name.
 type Case = (String, PathBuf, i32, Vec<String>);
 
+/// A copy of the layout `pristine` named `name` in `work`.
+fn copy_layout(work: &Path, pristine: &Path, name: &str) -> PathBuf {
+    let dst = work.join(name);
+    run("cp", &["-a", s(pristine), s(&dst)]);
+    dst
+}
+
 /// Copies of the pristine layout with a blob removed, flipped or edited.
 fn edited_layouts(work: &Path, pristine: &Path) -> Vec<Case> {
-    let copy = |name: &str| {
-        let dst = work.join(name);
-        run("cp", &["-a", s(pristine), s(&dst)]);
-        dst
-    };
+    let copy = |name: &str| copy_layout(work, pristine, name);
     let manifest_of = |l: &Path| -> serde_json::Value {
         let idx = json(&std::fs::read_to_string(l.join("index.json")).expect("index"));
         let d = idx["manifests"][0]["digest"].as_str().expect("digest");
@@ -525,11 +528,7 @@ fn edited_layouts(work: &Path, pristine: &Path) -> Vec<Case> {
 /// Copies of the pristine layout the test helper made wrong (a diff ID, a media type, an unsafe path),
 /// and one asked for a reference it lacks.
 fn wrong_layouts(work: &Path, pristine: &Path) -> Vec<Case> {
-    let copy = |name: &str| {
-        let dst = work.join(name);
-        run("cp", &["-a", s(pristine), s(&dst)]);
-        dst
-    };
+    let copy = |name: &str| copy_layout(work, pristine, name);
     let mut cases: Vec<Case> = Vec::new();
     let l = copy("diffid");
     helper(&l, "t", &["diff-id", "2"]);

@@ -198,13 +198,13 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
 /// `POST /v1/upgrade`: hands the node to a new binary, through the descriptor holder.
 fn upgrade_route(hooks: &Hooks) -> (u16, Value) {
     match &hooks.upgrade {
-        None => (
-            409,
-            json!({"error": "this stratad runs without a descriptor holder (--no-holder): it cannot be upgraded in place"}),
+        None => failure(
+            ErrorKind::Conflict,
+            "this stratad runs without a descriptor holder (--no-holder): it cannot be upgraded in place",
         ),
         Some(up) => match up() {
             Ok(()) => (202, json!({"pid": std::process::id(), "upgrading": true})),
-            Err(e) => (500, json!({"error": format!("starting the upgrade: {e}")})),
+            Err(e) => failure(ErrorKind::Internal, &format!("starting the upgrade: {e}")),
         },
     }
 }
