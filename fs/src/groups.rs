@@ -61,6 +61,16 @@ impl Groups {
         w.extend(blobs.iter().copied());
     }
 
+    /// What has been learnt, for `stratad`'s status: blobs named by walked layers, and the directories
+    /// and member chunks recorded.
+    pub fn status(&self) -> serde_json::Value {
+        let walked = self.walked.read().unwrap_or_else(|p| p.into_inner()).len();
+        let blobs = self.blobs.read().unwrap_or_else(|p| p.into_inner());
+        let directories: usize = blobs.values().map(|b| b.members.len()).sum();
+        let chunks: usize = blobs.values().map(|b| b.of_chunk.len()).sum();
+        serde_json::json!({"blobs_walked": walked, "directories": directories, "chunks": chunks})
+    }
+
     /// Records the directory groups of a layer's image; `blob_of(device)` is the served blob behind a
     /// 1-based device id. Blobs already recorded (by another layer naming them) are left as they are.
     pub fn add_layer(

@@ -673,6 +673,7 @@ impl Daemon {
             "sandboxes": st.sandboxes.len(),
             "prefetch": self.warming.status(),
             "workers": self.fetcher.workers().status(),
+            "groups": (self.fetcher.max_group > 0).then(|| self.fetcher.groups().status()),
             "trace": self.table.trace.is_on(),
             "recording_plan": self.warming.recording().map(|d| d.to_string()),
             "scrub": self.scrubs.last(),
