@@ -25,9 +25,9 @@ pub enum BuildError {
     Tree(#[from] TreeError),
     #[error("{path}: {why}")]
     Unsupported { path: String, why: String },
-    /// The tree does not fit the EROFS format (a limit it has, named in the message).
+    /// The tree does not fit the EROFS format (a limit it has), or is inconsistent.
     #[error("EROFS writer: {0}")]
-    Erofs(String),
+    Erofs(#[from] crate::erofs::WriteError),
     #[error("store: {0}")]
     Store(#[from] StoreError),
     #[error("invalid option: {0}")]

@@ -36,10 +36,11 @@
 //! pinned to what Linux 5.16 reads (`strata_erofs::features::WRITER_INCOMPAT`).
 
 pub use strata_erofs::{format, reader, repoint};
+mod write_error;
 pub mod writer;
 
 pub use strata_erofs::{ChunkLoc, DeviceSlot, DirEntry, ErofsError, ErofsImage, Inode, Layout};
-pub use writer::write_image;
+pub use writer::{write_image, NodeFault, WriteError};
 
 use strata_registry::digest::Digest;
 
@@ -89,6 +90,7 @@ pub(crate) mod tests {
     use super::format::*;
     use super::*;
     use crate::tree::{FileData, Meta, NodeId, NodeKind, Tree};
+    use crate::BuildError;
 
     pub(crate) fn meta(perm: u32) -> Meta {
         Meta {
@@ -540,6 +542,21 @@ pub(crate) mod tests {
         assert!(e.contains("no location"), "{e}");
         assert!(write_err(&t, &chunks, 11).contains("outside 12..=24"));
         assert!(write_err(&t, &chunks, 25).contains("outside 12..=24"));
+        // Typed, for callers that tell the refusals apart (the path of the node kept apart too).
+        assert!(matches!(
+            chunks.write(&t, 11),
+            Err(BuildError::Erofs(WriteError::ChunkBits(11)))
+        ));
+        match chunks.write(&t, 20) {
+            Err(BuildError::Erofs(WriteError::Node { path, fault })) => {
+                assert_eq!(path, "/c");
+                assert!(
+                    matches!(fault, NodeFault::NoLocation { k: 0, .. }),
+                    "{fault}"
+                );
+            }
+            other => panic!("expected a node's fault, got {:?}", other.map(|_| ())),
+        }
 
         let mut chunks2 = Chunks::new();
         let mut t = Tree::new();

@@ -7,6 +7,7 @@ use strata_erofs::{ChunkLoc, DeviceSlot};
 use strata_registry::digest::Digest;
 
 use super::format::*;
+pub use super::write_error::{NodeFault, WriteError};
 use crate::error::BuildError;
 use crate::tree::{FileData, NodeId, NodeKind, Tree};
 
@@ -17,10 +18,6 @@ pub const DEVT_SLOTOFF: u16 = 10;
 const INODE_SIZE: u64 = InodeExtended::SIZE as u64;
 const BLK: u64 = BLKSZ as u64;
 const UNSEEN: u32 = u32::MAX;
-
-fn err(msg: impl Into<String>) -> BuildError {
-    BuildError::Erofs(msg.into())
-}
 
 /// Writes `tree` as an EROFS image whose chunked files point into `devices` through `resolve`.
 ///
@@ -33,10 +30,10 @@ pub fn write_image(
     resolve: &dyn Fn(&Digest) -> Option<ChunkLoc>,
 ) -> Result<Vec<u8>, BuildError> {
     if !(12..=24).contains(&chunk_bits) {
-        return Err(err(format!("chunk size bits {chunk_bits} outside 12..=24")));
+        return Err(WriteError::ChunkBits(chunk_bits).into());
     }
-    let extra_devices = u16::try_from(devices.len())
-        .map_err(|_| err(format!("{} devices: at most 65535", devices.len())))?;
+    let extra_devices =
+        u16::try_from(devices.len()).map_err(|_| WriteError::Devices(devices.len()))?;
     let walk = Walk::new(tree)?;
     let mut plans = Vec::with_capacity(walk.order.len());
     for i in 0..walk.order.len() {
@@ -59,10 +56,8 @@ pub fn write_image(
             next_blk += p.data_blocks;
         }
     }
-    let total_blocks = u32::try_from(next_blk)
-        .map_err(|_| err(format!("image needs {next_blk} blocks: more than 2^32")))?;
-    let image_len = usize::try_from(next_blk * BLK)
-        .map_err(|_| err("image does not fit in memory".to_string()))?;
+    let total_blocks = u32::try_from(next_blk).map_err(|_| WriteError::Blocks(next_blk))?;
+    let image_len = usize::try_from(next_blk * BLK).map_err(|_| WriteError::Memory)?;
     let mut img = vec![0u8; image_len];
 
     let ctx = Emit {
@@ -126,7 +121,7 @@ impl<'a> Walk<'a> {
     fn new(tree: &'a Tree) -> Result<Walk<'a>, BuildError> {
         match tree.nodes.first().map(|n| &n.kind) {
             Some(NodeKind::Dir(_)) => {}
-            _ => return Err(err("the root (node 0) is not a directory")),
+            _ => return Err(WriteError::RootNotDir.into()),
         }
         let mut walk = Walk {
             order: vec![0],
@@ -145,29 +140,21 @@ impl<'a> Walk<'a> {
                         || name == b".."
                         || name.iter().any(|&b| b == b'/' || b == 0)
                     {
-                        return Err(err(format!(
-                            "{}: invalid entry name {:?}",
-                            walk.path(i),
-                            String::from_utf8_lossy(name)
-                        )));
+                        let name = String::from_utf8_lossy(name).into_owned();
+                        return Err(NodeFault::Name(name).at(walk.path(i)).into());
                     }
                     let Some(node) = tree.nodes.get(child) else {
-                        return Err(err(format!(
-                            "{}: refers to node {child}, which does not exist",
-                            walk.child_path(i, name)
-                        )));
+                        let path = walk.child_path(i, name);
+                        return Err(NodeFault::Dangling(child).at(path).into());
                     };
                     if walk.index[child] == UNSEEN {
-                        let at = u32::try_from(walk.order.len())
-                            .map_err(|_| err("more than 2^32 inodes"))?;
+                        let at = u32::try_from(walk.order.len()).map_err(|_| WriteError::Inodes)?;
                         walk.index[child] = at;
                         walk.order.push(child);
                         walk.parent.push((i as u32, name));
                     } else if matches!(node.kind, NodeKind::Dir(_)) {
-                        return Err(err(format!(
-                            "{}: directory (node {child}) is reachable by more than one name",
-                            walk.child_path(i, name)
-                        )));
+                        let path = walk.child_path(i, name);
+                        return Err(NodeFault::DirTwice(child).at(path).into());
                     }
                 }
             }
@@ -225,14 +212,11 @@ impl Plan {
 
 fn plan_node(tree: &Tree, walk: &Walk, i: usize, chunk_bits: u8) -> Result<Plan, BuildError> {
     let node = &tree.nodes[walk.order[i]];
-    let (xattrs, icount) =
-        encode_xattrs(&node.meta.xattrs).map_err(|e| err(format!("{}: {e}", walk.path(i))))?;
+    let (xattrs, icount) = encode_xattrs(&node.meta.xattrs).map_err(|e| e.at(walk.path(i)))?;
     if node.meta.mtime_nsec >= 1_000_000_000 {
-        return Err(err(format!(
-            "{}: mtime nanoseconds {} out of range",
-            walk.path(i),
-            node.meta.mtime_nsec
-        )));
+        return Err(NodeFault::Mtime(node.meta.mtime_nsec)
+            .at(walk.path(i))
+            .into());
     }
     let header = INODE_SIZE + xattrs.len() as u64;
     let mut plan = Plan {
@@ -255,11 +239,8 @@ fn plan_node(tree: &Tree, walk: &Walk, i: usize, chunk_bits: u8) -> Result<Plan,
             data: FileData::Inline(bytes),
         } => {
             if *size != bytes.len() as u64 {
-                return Err(err(format!(
-                    "{}: size {size} but {} inline bytes",
-                    walk.path(i),
-                    bytes.len()
-                )));
+                let (size, inline) = (*size, bytes.len());
+                return Err(NodeFault::Inline { size, inline }.at(walk.path(i)).into());
             }
             Some(*size)
         }
@@ -269,11 +250,13 @@ fn plan_node(tree: &Tree, walk: &Walk, i: usize, chunk_bits: u8) -> Result<Plan,
         } => {
             let want = size.div_ceil(1u64 << chunk_bits);
             if chunks.len() as u64 != want {
-                return Err(err(format!(
-                    "{}: size {size} needs {want} chunks of 2^{chunk_bits} bytes but the tree holds {}",
-                    walk.path(i),
-                    chunks.len()
-                )));
+                let fault = NodeFault::ChunkCount {
+                    size: *size,
+                    want,
+                    bits: chunk_bits,
+                    held: chunks.len(),
+                };
+                return Err(fault.at(walk.path(i)).into());
             }
             plan.layout = LAYOUT_CHUNK_BASED;
             plan.size = *size;
@@ -282,12 +265,9 @@ fn plan_node(tree: &Tree, walk: &Walk, i: usize, chunk_bits: u8) -> Result<Plan,
         }
         NodeKind::CharDev { rdev } | NodeKind::BlockDev { rdev } => {
             if new_encode_dev(*rdev).is_none() {
-                return Err(err(format!(
-                    "{}: device number {}:{} does not fit 12:20 bits",
-                    walk.path(i),
-                    dev_major(*rdev),
-                    dev_minor(*rdev)
-                )));
+                let (major, minor) = (dev_major(*rdev), dev_minor(*rdev));
+                let fault = NodeFault::DeviceNumber { major, minor };
+                return Err(fault.at(walk.path(i)).into());
             }
             None
         }
@@ -314,40 +294,26 @@ fn plan_node(tree: &Tree, walk: &Walk, i: usize, chunk_bits: u8) -> Result<Plan,
 }
 
 /// Encodes inline xattrs (no shared ones): the body and its `i_xattr_icount` (0 when empty).
-fn encode_xattrs(xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<(Vec<u8>, u16), String> {
+fn encode_xattrs(xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<(Vec<u8>, u16), NodeFault> {
     if xattrs.is_empty() {
         return Ok((Vec::new(), 0));
     }
     let mut names: Vec<&[u8]> = xattrs.iter().map(|(n, _)| n.as_slice()).collect();
     names.sort_unstable();
     if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
-        return Err(format!(
-            "xattr {:?} appears twice",
-            String::from_utf8_lossy(w[0])
+        return Err(NodeFault::XattrTwice(
+            String::from_utf8_lossy(w[0]).into_owned(),
         ));
     }
     let mut body = XattrIbodyHeader::zeroed().encode().to_vec();
     for (name, value) in xattrs {
         let show = || String::from_utf8_lossy(name).into_owned();
-        let (index, suffix) = split_xattr_name(name).ok_or_else(|| {
-            format!(
-                "xattr {:?}: unsupported name prefix (EROFS stores user., trusted., security., \
-                 system.posix_acl_access and system.posix_acl_default)",
-                show()
-            )
-        })?;
-        let name_len = u8::try_from(suffix.len()).map_err(|_| {
-            format!(
-                "xattr {:?}: name longer than 255 bytes after its prefix",
-                show()
-            )
-        })?;
-        let value_size = u16::try_from(value.len()).map_err(|_| {
-            format!(
-                "xattr {:?}: value of {} bytes exceeds 65535",
-                show(),
-                value.len()
-            )
+        let (index, suffix) =
+            split_xattr_name(name).ok_or_else(|| NodeFault::XattrPrefix(show()))?;
+        let name_len = u8::try_from(suffix.len()).map_err(|_| NodeFault::XattrName(show()))?;
+        let value_size = u16::try_from(value.len()).map_err(|_| NodeFault::XattrValue {
+            name: show(),
+            len: value.len(),
         })?;
         let entry = XattrEntry {
             e_name_len: name_len,
@@ -360,7 +326,7 @@ fn encode_xattrs(xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<(Vec<u8>, u16), String
         body.resize(align_up(body.len() as u64, 4) as usize, 0);
     }
     let icount = u16::try_from((body.len() - XattrIbodyHeader::SIZE) / 4 + 1)
-        .map_err(|_| format!("xattrs take {} bytes: too many for one inode", body.len()))?;
+        .map_err(|_| NodeFault::Xattrs(body.len()))?;
     Ok((body, icount))
 }
 
@@ -580,30 +546,26 @@ impl Emit<'_> {
         };
         let path = || self.walk.path(i);
         let loc = (self.resolve)(digest)
-            .ok_or_else(|| err(format!("{}: chunk {k} ({digest}) has no location", path())))?;
+            .ok_or_else(|| NodeFault::NoLocation { k, digest: *digest }.at(path()))?;
         let Some(slot) = (loc.device as usize)
             .checked_sub(1)
             .and_then(|d| self.devices.get(d))
         else {
-            return Err(err(format!(
-                "{}: chunk {k} resolved to device {}, but the table has devices 1..={}",
-                path(),
-                loc.device,
-                self.devices.len()
-            )));
+            let (device, devices) = (loc.device, self.devices.len());
+            return Err(NodeFault::NoDevice { k, device, devices }.at(path()).into());
         };
         let chunk_size = 1u64 << self.chunk_bits;
         let len = (size - k * chunk_size).min(chunk_size);
         let end = u64::from(loc.block) + len.div_ceil(BLK);
         if loc.block == NULL_ADDR || end > u64::from(slot.blocks) {
-            return Err(err(format!(
-                "{}: chunk {k} at device {} block {} ({} bytes) lies outside the device's {} blocks",
-                path(),
-                loc.device,
-                loc.block,
+            let fault = NodeFault::OutsideDevice {
+                k,
+                device: loc.device,
+                block: loc.block,
                 len,
-                slot.blocks
-            )));
+                blocks: slot.blocks,
+            };
+            return Err(fault.at(path()).into());
         }
         Ok(ChunkIndex {
             startblk_hi: 0,
@@ -651,12 +613,10 @@ impl Emit<'_> {
             }
         }
         if out.len() as u64 != self.plans[i].size {
-            return Err(err(format!(
-                "{}: directory data is {} bytes, planned {}",
-                self.walk.path(i),
-                out.len(),
-                self.plans[i].size
-            )));
+            let (got, planned) = (out.len(), self.plans[i].size);
+            return Err(NodeFault::DirSize { got, planned }
+                .at(self.walk.path(i))
+                .into());
         }
         Ok(out)
     }
