@@ -512,36 +512,23 @@ impl EntrySink for LayerBuilder {
     }
 
     fn add(&mut self, entry: Entry, data: Option<FileSource<'_>>) -> Result<(), BuildError> {
-        let Entry { path, meta, kind } = entry;
-        let node = match kind.plain_node() {
-            Ok(node) => node,
-            Err(EntryKind::File { size }) => {
+        let Some(Entry { path, meta, kind }) = entry.place(&mut self.tree)? else {
+            return Ok(());
+        };
+        match kind {
+            EntryKind::File { size } => {
                 let data = data.ok_or_else(|| BuildError::Unsupported {
                     path: String::from_utf8_lossy(&path).into_owned(),
                     why: "regular file without data".into(),
                 })?;
-                return self.add_file(&path, meta, size, data);
+                self.add_file(&path, meta, size, data)
             }
-            Err(EntryKind::StoredFile { size, chunks }) => {
-                return self.add_stored(&path, meta, size, chunks);
-            }
-            Err(EntryKind::HardLink(target)) => {
-                self.tree.link(&path, &target)?;
-                return Ok(());
-            }
-            Err(EntryKind::Opaque) => {
-                self.tree.set_opaque(&path)?;
-                return Ok(());
-            }
-            Err(other) => {
-                return Err(BuildError::Unsupported {
-                    path: String::from_utf8_lossy(&path).into_owned(),
-                    why: format!("entry kind {other:?}"),
-                })
-            }
-        };
-        self.tree.insert(&path, meta, node)?;
-        Ok(())
+            EntryKind::StoredFile { size, chunks } => self.add_stored(&path, meta, size, chunks),
+            other => Err(BuildError::Unsupported {
+                path: String::from_utf8_lossy(&path).into_owned(),
+                why: format!("entry kind {other:?}"),
+            }),
+        }
     }
 }
 

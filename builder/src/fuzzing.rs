@@ -27,35 +27,26 @@ struct TreeSink {
 
 impl EntrySink for TreeSink {
     fn add(&mut self, entry: Entry, data: Option<FileSource<'_>>) -> Result<(), BuildError> {
-        let Entry { path, meta, kind } = entry;
-        let node = match kind.plain_node() {
-            Ok(node) => node,
-            Err(EntryKind::File { .. }) => {
-                let mut bytes = Vec::new();
-                if let Some(FileSource::Stream(r)) = data {
-                    let room = MAX_DATA.saturating_sub(self.data);
-                    r.take(room)
-                        .read_to_end(&mut bytes)
-                        .map_err(|e| BuildError::io("tar member", e))?;
-                    // The source checks that a member is as long as it says: drain the rest.
-                    std::io::copy(r, &mut std::io::sink())
-                        .map_err(|e| BuildError::io("tar member", e))?;
-                }
-                self.data += bytes.len() as u64;
-                NodeKind::File {
-                    size: bytes.len() as u64,
-                    data: FileData::Inline(bytes),
-                }
-            }
-            Err(EntryKind::HardLink(target)) => {
-                self.tree.link(&path, &target)?;
-                return Ok(());
-            }
-            Err(EntryKind::Opaque) => {
-                self.tree.set_opaque(&path)?;
-                return Ok(());
-            }
-            Err(_) => return Ok(()), // stored files come from parents, never from a tar
+        let Some(Entry { path, meta, kind }) = entry.place(&mut self.tree)? else {
+            return Ok(());
+        };
+        // Stored files come from parents, never from a tar.
+        if !matches!(kind, EntryKind::File { .. }) {
+            return Ok(());
+        }
+        let mut bytes = Vec::new();
+        if let Some(FileSource::Stream(r)) = data {
+            let room = MAX_DATA.saturating_sub(self.data);
+            r.take(room)
+                .read_to_end(&mut bytes)
+                .map_err(|e| BuildError::io("tar member", e))?;
+            // The source checks that a member is as long as it says: drain the rest.
+            std::io::copy(r, &mut std::io::sink()).map_err(|e| BuildError::io("tar member", e))?;
+        }
+        self.data += bytes.len() as u64;
+        let node = NodeKind::File {
+            size: bytes.len() as u64,
+            data: FileData::Inline(bytes),
         };
         self.tree.insert(&path, meta, node)?;
         Ok(())

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use strata_registry::digest::Digest;
 
 use crate::error::BuildError;
-use crate::tree::Meta;
+use crate::tree::{Meta, NodeKind, Tree, TreeError};
 
 pub mod dir;
 pub mod exclude;
@@ -60,13 +60,14 @@ pub enum EntryKind {
     Opaque,
 }
 
-impl EntryKind {
-    /// The tree node of an entry that is a node by itself — a directory, symlink, device, FIFO, socket
-    /// or whiteout (a `0:0` character device) — or the kind back for those that need the sink's care:
-    /// files (their data), hard links and opaque markers (both change existing nodes).
-    pub fn plain_node(self) -> Result<crate::tree::NodeKind, EntryKind> {
-        use crate::tree::NodeKind;
-        Ok(match self {
+impl Entry {
+    /// Puts into `tree` an entry that needs no data: a node by itself (a directory, symlink, device,
+    /// FIFO, socket, or whiteout: a `0:0` character device) is inserted, a hard link linked, an opaque
+    /// marker set on its directory. Regular files and stored files come back (`Some`): their data is the
+    /// sink's care.
+    pub fn place(self, tree: &mut Tree) -> Result<Option<Entry>, TreeError> {
+        let Entry { path, meta, kind } = self;
+        let node = match kind {
             EntryKind::Dir => NodeKind::Dir(std::collections::BTreeMap::new()),
             EntryKind::Symlink(t) => NodeKind::Symlink(t),
             EntryKind::CharDev { rdev } => NodeKind::CharDev { rdev },
@@ -74,8 +75,20 @@ impl EntryKind {
             EntryKind::Fifo => NodeKind::Fifo,
             EntryKind::Socket => NodeKind::Socket,
             EntryKind::Whiteout => NodeKind::CharDev { rdev: 0 },
-            other => return Err(other),
-        })
+            EntryKind::HardLink(target) => {
+                tree.link(&path, &target)?;
+                return Ok(None);
+            }
+            EntryKind::Opaque => {
+                tree.set_opaque(&path)?;
+                return Ok(None);
+            }
+            kind @ (EntryKind::File { .. } | EntryKind::StoredFile { .. }) => {
+                return Ok(Some(Entry { path, meta, kind }))
+            }
+        };
+        tree.insert(&path, meta, node)?;
+        Ok(None)
     }
 }
 
