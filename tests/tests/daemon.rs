@@ -55,68 +55,10 @@ fn sandboxes_share_layers_and_run_bwrap_and_runc() {
     assert_eq!(layers.len(), 1);
     assert_eq!(layers[0]["refs"].as_u64(), Some(2));
     assert!(held(&ps["status"]).1 > 0, "nothing held: {}", ps["status"]);
-    // What the node holds checks out at rest (the chunk cache, or the view files in fanotify mode).
-    let scrub = json(&d.ok(&["daemon", "scrub", "--json"]));
-    assert!(scrub["chunks"].as_u64().unwrap_or(0) > 0, "{scrub}");
-    assert_eq!(scrub["bad"].as_u64(), Some(0), "{scrub}");
-    // The status keeps the last scrub's report (what the daily one found, for an operator).
-    let status = json(&d.ok(&["daemon", "status"]));
-    assert_eq!(status["scrub"], scrub, "{status}");
-    // Scrubs asked for at once run one at a time, each answering a whole report.
-    let both: Vec<serde_json::Value> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2)
-            .map(|_| s.spawn(|| json(&d.ok(&["daemon", "scrub", "--json"]))))
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("scrub")).collect()
-    });
-    for r in &both {
-        assert_eq!(r["bad"].as_u64(), Some(0), "{r}");
-        assert!(r["chunks"].as_u64() >= scrub["chunks"].as_u64(), "{r}");
-    }
-    // Charged to sb1, whose process read (file and fuse modes: the FUSE request carries its pid); in
-    // loop mode the kernel's loop workers read, so the misses are the node's unattributed fetches
-    // (docs/API.md, fetched_unattributed).
-    let charged = sb1["fetched_bytes"].as_u64().expect("fetched");
-    let unattributed = ps["status"]["fetched_unattributed"].as_u64().unwrap_or(0);
-    if ps["status"]["mount_mode"] == "loop" {
-        assert!(charged + unattributed > 0, "nothing fetched");
-    } else {
-        assert!(
-            charged > 0,
-            "nothing charged to sb1 in {} mode",
-            ps["status"]["mount_mode"]
-        );
-    }
+    scrubs_find_nothing_bad(&d);
+    fetches_are_charged_to_the_reader(sb1, &ps["status"]);
 
-    // runc from a bundle.
-    let bdir = scratch("bundle");
-    d.ok(&[
-        "bundle",
-        "bb:v1",
-        "--sandbox",
-        "sb3",
-        bdir.path().to_str().expect("utf8"),
-    ]);
-    let cfg_path = bdir.path().join("config.json");
-    let mut cfg = json(&std::fs::read_to_string(&cfg_path).expect("config.json"));
-    cfg["process"]["args"] = serde_json::json!(["/bin/cat", "/etc/os-release"]);
-    std::fs::write(&cfg_path, cfg.to_string()).expect("write");
-    let o = std::process::Command::new("runc")
-        .args([
-            "run",
-            "--bundle",
-            bdir.path().to_str().expect("utf8"),
-            "strata-test-sb3",
-        ])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("runc (apt-get install runc)");
-    assert!(
-        o.status.success(),
-        "runc: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "ID=strata-test\n");
+    runc_runs_a_bundle(&d, "sb3");
 
     for sb in ["sb1", "sb3"] {
         d.ok(&["umount", "--sandbox", sb]);
@@ -150,6 +92,77 @@ fn sandboxes_share_layers_and_run_bwrap_and_runc() {
         Vec::<String>::new(),
         "mounts left behind after SIGTERM"
     );
+}
+
+/// What the node holds checks out at rest (the chunk cache, or the view files in fanotify mode), and the
+/// status keeps the last report; scrubs asked for at once run one at a time, each a whole report.
+fn scrubs_find_nothing_bad(d: &Daemon) {
+    let scrub = json(&d.ok(&["daemon", "scrub", "--json"]));
+    assert!(scrub["chunks"].as_u64().unwrap_or(0) > 0, "{scrub}");
+    assert_eq!(scrub["bad"].as_u64(), Some(0), "{scrub}");
+    // The status keeps the last scrub's report (what the daily one found, for an operator).
+    let status = json(&d.ok(&["daemon", "status"]));
+    assert_eq!(status["scrub"], scrub, "{status}");
+    // Scrubs asked for at once run one at a time, each answering a whole report.
+    let both: Vec<serde_json::Value> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| json(&d.ok(&["daemon", "scrub", "--json"]))))
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("scrub")).collect()
+    });
+    for r in &both {
+        assert_eq!(r["bad"].as_u64(), Some(0), "{r}");
+        assert!(r["chunks"].as_u64() >= scrub["chunks"].as_u64(), "{r}");
+    }
+}
+
+/// Charged to `sb1`, whose process read (file and fuse modes: the FUSE request carries its pid); in loop
+/// mode the kernel's loop workers read, so the misses are the node's unattributed fetches (docs/API.md,
+/// fetched_unattributed).
+fn fetches_are_charged_to_the_reader(sb1: &serde_json::Value, status: &serde_json::Value) {
+    let charged = sb1["fetched_bytes"].as_u64().expect("fetched");
+    let unattributed = status["fetched_unattributed"].as_u64().unwrap_or(0);
+    if status["mount_mode"] == "loop" {
+        assert!(charged + unattributed > 0, "nothing fetched");
+    } else {
+        assert!(
+            charged > 0,
+            "nothing charged to sb1 in {} mode",
+            status["mount_mode"]
+        );
+    }
+}
+
+/// `strata bundle` writes a bundle runc runs from.
+fn runc_runs_a_bundle(d: &Daemon, sandbox: &str) {
+    let bdir = scratch("bundle");
+    d.ok(&[
+        "bundle",
+        "bb:v1",
+        "--sandbox",
+        sandbox,
+        bdir.path().to_str().expect("utf8"),
+    ]);
+    let cfg_path = bdir.path().join("config.json");
+    let mut cfg = json(&std::fs::read_to_string(&cfg_path).expect("config.json"));
+    cfg["process"]["args"] = serde_json::json!(["/bin/cat", "/etc/os-release"]);
+    std::fs::write(&cfg_path, cfg.to_string()).expect("write");
+    let o = std::process::Command::new("runc")
+        .args([
+            "run",
+            "--bundle",
+            bdir.path().to_str().expect("utf8"),
+            &format!("strata-test-{sandbox}"),
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("runc (apt-get install runc)");
+    assert!(
+        o.status.success(),
+        "runc: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ID=strata-test\n");
 }
 
 #[test]

@@ -173,46 +173,7 @@ fn loop_mode_mounts_reads_shares_devices_and_survives_kill_9() {
 
     // kill -9 of the server while a sandbox reads uncached data: no read fails, the successor
     // finds the devices again (a new sandbox binds none).
-    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
-    let stop = Arc::new(AtomicBool::new(false));
-    let (reads, bad) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let reader = {
-        let (stop, reads, bad, r, big) = (
-            stop.clone(),
-            reads.clone(),
-            bad.clone(),
-            r2.clone(),
-            big.clone(),
-        );
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                match std::fs::read(r.join("data/big.bin")) {
-                    Ok(b) if b == big => {}
-                    _ => {
-                        bad.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                reads.fetch_add(1, Ordering::Relaxed);
-                let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");
-            }
-        })
-    };
-    for _ in 0..3 {
-        std::thread::sleep(Duration::from_millis(300));
-        let old = d.server_pid();
-        // SAFETY: killing the server this test's daemon started.
-        unsafe { libc::kill(old as i32, libc::SIGKILL) };
-        d.wait_new_server(old);
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    reader.join().expect("reader");
-    assert!(reads.load(Ordering::Relaxed) > 0);
-    assert_eq!(
-        bad.load(Ordering::Relaxed),
-        0,
-        "reads failed across kill -9"
-    );
+    reads_survive_three_kills(&mut d, &r2.join("data/big.bin"), &big);
     let status = json(&d.ok(&["daemon", "status"]));
     assert_eq!(
         (status["adopted"].as_bool(), status["mount_mode"].as_str()),
@@ -239,6 +200,51 @@ fn loop_mode_mounts_reads_shares_devices_and_survives_kill_9() {
         d.wait_loops_released(),
         vec![],
         "loop devices left after the stop"
+    );
+}
+
+/// A thread reads `path` (page cache dropped before each read) while the server is killed with SIGKILL
+/// three times: every read returns `want`.
+fn reads_survive_three_kills(d: &mut Daemon, path: &Path, want: &[u8]) {
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (reads, bad) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let reader = {
+        let (stop, reads, bad, r, big) = (
+            stop.clone(),
+            reads.clone(),
+            bad.clone(),
+            path.to_path_buf(),
+            want.to_vec(),
+        );
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match std::fs::read(&r) {
+                    Ok(b) if b == big => {}
+                    _ => {
+                        bad.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                reads.fetch_add(1, Ordering::Relaxed);
+                let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");
+            }
+        })
+    };
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(300));
+        let old = d.server_pid();
+        // SAFETY: killing the server this test's daemon started.
+        unsafe { libc::kill(old as i32, libc::SIGKILL) };
+        d.wait_new_server(old);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    reader.join().expect("reader");
+    assert!(reads.load(Ordering::Relaxed) > 0);
+    assert_eq!(
+        bad.load(Ordering::Relaxed),
+        0,
+        "reads failed across kill -9"
     );
 }
 

@@ -348,8 +348,14 @@ fn corrupt_blobs_and_unknown_images_are_refused() {
         e.contains("Docker-Content-Digest") && e.contains(&manifest_digest),
         "{e}"
     );
+}
 
-    // A registry that is not on loopback is never asked over plain HTTP without --plain-http.
+/// A registry that is not on loopback is never asked over plain HTTP without `--plain-http` (the name
+/// does not resolve: the message names the URL it tried).
+#[test]
+fn a_registry_off_loopback_is_asked_over_https_unless_plain_http() {
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
     let o = store.run(&["import", "docker://registry.invalid/x/y:1", "-t", "b:y"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
