@@ -38,7 +38,7 @@ use crate::erofs;
 use crate::error::{BuildError, TarError};
 use crate::layout::{self, Class, Compiled, Layout};
 use crate::source::exclude::Excludes;
-use crate::source::{Entry, EntryKind, EntrySink, Existing, FileSource};
+use crate::source::{DataEntry, Entry, EntrySink, Existing, FileSource};
 use crate::tree::{FileData, Meta, NodeId, NodeKind, Tree, OPAQUE_XATTR};
 
 /// Largest stream-fed file whose chunks may be reordered ([`elfdeps::chunk_order`]): it is held in memory.
@@ -512,22 +512,21 @@ impl EntrySink for LayerBuilder {
     }
 
     fn add(&mut self, entry: Entry, data: Option<FileSource<'_>>) -> Result<(), BuildError> {
-        let Some(Entry { path, meta, kind }) = entry.place(&mut self.tree)? else {
-            return Ok(());
-        };
-        match kind {
-            EntryKind::File { size } => {
+        match entry.place(&mut self.tree)? {
+            None => Ok(()),
+            Some(DataEntry::File { path, meta, size }) => {
                 let data = data.ok_or_else(|| BuildError::Unsupported {
                     path: String::from_utf8_lossy(&path).into_owned(),
                     why: "regular file without data".into(),
                 })?;
                 self.add_file(&path, meta, size, data)
             }
-            EntryKind::StoredFile { size, chunks } => self.add_stored(&path, meta, size, chunks),
-            other => Err(BuildError::Unsupported {
-                path: String::from_utf8_lossy(&path).into_owned(),
-                why: format!("entry kind {other:?}"),
-            }),
+            Some(DataEntry::Stored {
+                path,
+                meta,
+                size,
+                chunks,
+            }) => self.add_stored(&path, meta, size, chunks),
         }
     }
 }

@@ -13,7 +13,7 @@ use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::BuildError;
-use crate::source::{Entry, EntryKind, EntrySink, FileSource};
+use crate::source::{DataEntry, Entry, EntrySink, FileSource};
 use crate::tree::{FileData, NodeKind, Tree};
 
 /// Bytes of file data kept per input, across files (a compressed tar may expand without bound).
@@ -27,13 +27,10 @@ struct TreeSink {
 
 impl EntrySink for TreeSink {
     fn add(&mut self, entry: Entry, data: Option<FileSource<'_>>) -> Result<(), BuildError> {
-        let Some(Entry { path, meta, kind }) = entry.place(&mut self.tree)? else {
+        // Stored files come from parents, never from a tar.
+        let Some(DataEntry::File { path, meta, .. }) = entry.place(&mut self.tree)? else {
             return Ok(());
         };
-        // Stored files come from parents, never from a tar.
-        if !matches!(kind, EntryKind::File { .. }) {
-            return Ok(());
-        }
         let mut bytes = Vec::new();
         if let Some(FileSource::Stream(r)) = data {
             let room = MAX_DATA.saturating_sub(self.data);

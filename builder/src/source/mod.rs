@@ -65,7 +65,7 @@ impl Entry {
     /// FIFO, socket, or whiteout: a `0:0` character device) is inserted, a hard link linked, an opaque
     /// marker set on its directory. Regular files and stored files come back (`Some`): their data is the
     /// sink's care.
-    pub fn place(self, tree: &mut Tree) -> Result<Option<Entry>, TreeError> {
+    pub fn place(self, tree: &mut Tree) -> Result<Option<DataEntry>, TreeError> {
         let Entry { path, meta, kind } = self;
         let node = match kind {
             EntryKind::Dir => NodeKind::Dir(std::collections::BTreeMap::new()),
@@ -83,13 +83,36 @@ impl Entry {
                 tree.set_opaque(&path)?;
                 return Ok(None);
             }
-            kind @ (EntryKind::File { .. } | EntryKind::StoredFile { .. }) => {
-                return Ok(Some(Entry { path, meta, kind }))
+            EntryKind::File { size } => return Ok(Some(DataEntry::File { path, meta, size })),
+            EntryKind::StoredFile { size, chunks } => {
+                return Ok(Some(DataEntry::Stored {
+                    path,
+                    meta,
+                    size,
+                    chunks,
+                }))
             }
         };
         tree.insert(&path, meta, node)?;
         Ok(None)
     }
+}
+
+/// An entry [`Entry::place`] leaves to its sink: one whose data the sink brings.
+pub enum DataEntry {
+    /// A regular file of `size` bytes; its data comes as the sink's `data` argument.
+    File {
+        path: Vec<u8>,
+        meta: Meta,
+        size: u64,
+    },
+    /// A file whose chunks a parent layer stores (see [`EntryKind::StoredFile`]).
+    Stored {
+        path: Vec<u8>,
+        meta: Meta,
+        size: u64,
+        chunks: Vec<Option<Digest>>,
+    },
 }
 
 /// Where a regular file's bytes come from.
