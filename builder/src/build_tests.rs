@@ -193,3 +193,42 @@ fn libraries_follow_the_first_program_that_loads_them() {
     let (_, at) = built(Src::Dir(dir.path()), &files, Layout::Source);
     assert!(at["usr/lib/x86_64-linux-gnu/libaaa.so"] < at["usr/lib/x86_64-linux-gnu/libc.so.6"]);
 }
+
+#[test]
+fn zstd_fast_levels_build_and_read_back_and_other_levels_are_refused() {
+    for level in [0, -8, 23] {
+        let mut opts = BuildOptions::new(LayerKind::Base);
+        opts.level = level;
+        let e = opts.check().expect_err("level refused");
+        assert!(
+            matches!(&e, BuildError::Option(m) if m.contains(&format!("zstd level {level} "))),
+            "{e}"
+        );
+    }
+    let src = tempfile::tempdir().expect("tempdir");
+    let text: Vec<u8> = (0..300_000u32)
+        .flat_map(|i| (i % 97).to_le_bytes())
+        .collect();
+    std::fs::write(src.path().join("data"), &text).expect("write");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(&format!("file://{}", dir.path().display())).expect("store");
+    let mut opts = BuildOptions::new(LayerKind::Base);
+    opts.level = -3;
+    let layer = build_dir(&store, src.path(), opts).expect("build at level -3");
+    let blob = &layer.descriptor.blobs[0];
+    let toc = store.get_toc(blob).expect("table of contents");
+    let mut back = Vec::new();
+    for c in &toc.chunks {
+        let f = &toc.frames[c.frame as usize];
+        let z = store
+            .get_range(
+                &strata_registry::store::key::blob(&blob.digest),
+                f.offset..f.offset + f.compressed as u64,
+            )
+            .expect("frame");
+        let frame = strata_registry::toc::decompress(&z, f.uncompressed as usize).expect("zstd");
+        let chunk = strata_registry::toc::verified_chunk(c, &frame).expect("chunk digest");
+        back.extend_from_slice(chunk);
+    }
+    assert_eq!(back, text, "the file reads back from its fast-level frames");
+}

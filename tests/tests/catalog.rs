@@ -269,6 +269,24 @@ fn progress_lines_in_a_log() {
             .is_some_and(|l| l.starts_with("build: done, ")),
         "{err}"
     );
+    // A build that fails says so, not "done", before its error; a zstd fast level is taken.
+    let small = tree("progress-level", 43);
+    let o = store.run(&[
+        "build",
+        path(&small),
+        "--level",
+        "-8",
+        "--progress",
+        "plain",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = stderr(&o);
+    assert!(
+        err.contains("build: failed, ") && !err.contains("build: done"),
+        "{err}"
+    );
+    assert!(err.contains("zstd level -8 must be"), "{err}");
+    store.ok(&["build", path(&small), "--level", "-3"]);
     let o = store.run(&["build", path(&src), "--progress", "none"]);
     assert!(o.status.success(), "{o:?}");
     assert!(!stderr(&o).contains("build:"), "{}", stderr(&o));

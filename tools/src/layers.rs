@@ -43,8 +43,8 @@ pub struct BuildArgs {
     /// Chunk size in bytes (a power of two, 4096 to 16777216).
     #[arg(long, default_value_t = strata_builder::build::DEFAULT_CHUNK_SIZE)]
     pub chunk_size: u64,
-    /// zstd level (1 to 22).
-    #[arg(long, default_value_t = 3)]
+    /// zstd level: 1 to 22, or -1 to -7 (zstd's fast levels: faster to decompress, more bytes stored).
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     pub level: i32,
     /// Store chunks longer than this as pieces of this size, each compressed and verified on its own,
     /// so that a read of a few pages fetches one piece: for images read in scattered pages (large data
@@ -82,12 +82,12 @@ pub struct BuildArgs {
 
 /// Shows a build's progress (bytes and files, of `total` once known) while `f` runs, as `--progress`
 /// says.
-pub(crate) fn with_build_progress<T>(
+pub(crate) fn with_build_progress<T, E>(
     what: &str,
     opts: &strata_builder::BuildOptions,
     total: Option<Arc<AtomicU64>>,
-    f: impl FnOnce() -> T,
-) -> T {
+    f: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
     let c = crate::progress::Counters {
         bytes: opts.progress.clone(),
         files: Some(opts.files_done.clone()),

@@ -131,8 +131,9 @@ fn plain_interval() -> Duration {
     Duration::from_secs_f64(secs)
 }
 
-/// Runs `f`, showing progress of `c` as the mode says.
-pub fn watch<T>(what: &str, c: Counters, f: impl FnOnce() -> T) -> T {
+/// Runs `f`, showing progress of `c` as the mode says; the last line says whether it is done or failed
+/// (how far it got), the error itself being the caller's to report.
+pub fn watch<T, E>(what: &str, c: Counters, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
     let m = mode();
     if m == Mode::None {
         return f();
@@ -167,6 +168,10 @@ pub fn watch<T>(what: &str, c: Counters, f: impl FnOnce() -> T) -> T {
         b.finish_and_clear();
     }
     // The last line, always: a short command's only one.
-    eprintln!("{what}: done, {}", c.last_line(start));
+    let end = match out.is_ok() {
+        true => "done",
+        false => "failed",
+    };
+    eprintln!("{what}: {end}, {}", c.last_line(start));
     out
 }
