@@ -1,72 +1,141 @@
-//! Counters the daemon exports at `/metrics`, in Prometheus text format.
+//! Counters the daemon exports at `/metrics`, in the OpenMetrics text format (which Prometheus reads).
 //!
-//! Per blob: bytes fetched, fetches, cache hits and misses; a fetch latency histogram; errors by kind;
-//! reads served. Plain atomics and one mutex-guarded map keyed by blob: cheap enough for the read path.
+//! What is counted: per blob, bytes fetched, range requests, cache hits and misses; the store's range
+//! request latency; how long readers waited for chunks that were not in the cache, by whether the reader
+//! fetched the chunk itself (`led`) or waited for another reader's fetch (`joined`) — the time a lazy
+//! image costs its sandboxes, where `strata_fetch_seconds` is only the store's share of it; errors by
+//! kind; reads served. Gauges and totals that other parts of the daemon own (the cache's size, sandboxes,
+//! prefetch) are handed to [`Metrics::render`] at each scrape as [`NodeGauges`].
+//!
+//! The counters are `prometheus-client`'s (atomics; a family takes a read lock per update, cheap beside a
+//! chunk read), and so is the text: a registry is assembled per scrape from clones that share the
+//! counters' state.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 use strata_registry::digest::Digest;
 
-/// Upper bounds (seconds) of the fetch latency histogram.
+/// Upper bounds (seconds) of the latency histograms.
 pub const BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
 
-#[derive(Default, Clone, Copy)]
-struct BlobCounters {
-    fetched_bytes: u64,
-    fetches: u64,
-    hits: u64,
-    misses: u64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BlobLabel {
+    blob: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+/// How a reader got a chunk that was not in the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// It fetched the chunk itself.
+    Led,
+    /// It waited for another reader's (or a prefetch's) fetch of it.
+    Joined,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+fn histogram() -> Histogram {
+    Histogram::new(BUCKETS)
 }
 
 /// The daemon's counters.
-#[derive(Default)]
 pub struct Metrics {
-    blobs: Mutex<BTreeMap<Digest, BlobCounters>>,
-    errors: Mutex<BTreeMap<&'static str, u64>>,
-    latency: [AtomicU64; BUCKETS.len() + 1],
-    latency_sum_us: AtomicU64,
+    fetched_bytes: Family<BlobLabel, Counter>,
+    fetches: Family<BlobLabel, Counter>,
+    hits: Family<BlobLabel, Counter>,
+    misses: Family<BlobLabel, Counter>,
+    errors: Family<KindLabel, Counter>,
+    latency: Histogram,
+    waits: Family<OutcomeLabel, Histogram, fn() -> Histogram>,
     pub reads: AtomicU64,
     pub read_bytes: AtomicU64,
     /// Fetched bytes by the sandbox whose read missed.
     pub attribution: crate::attribution::Attribution,
 }
 
-impl Metrics {
-    fn blob(&self, d: &Digest, f: impl FnOnce(&mut BlobCounters)) {
-        let mut m = self.blobs.lock().unwrap_or_else(|p| p.into_inner());
-        f(m.entry(*d).or_default());
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            fetched_bytes: Family::default(),
+            fetches: Family::default(),
+            hits: Family::default(),
+            misses: Family::default(),
+            errors: Family::default(),
+            latency: histogram(),
+            waits: Family::new_with_constructor(histogram),
+            reads: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
+            attribution: Default::default(),
+        }
     }
+}
 
+fn blob(d: &Digest) -> BlobLabel {
+    BlobLabel {
+        blob: d.to_string(),
+    }
+}
+
+/// What the rest of the daemon owns, read at a scrape.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NodeGauges {
+    pub cache_bytes: u64,
+    pub cache_capacity: u64,
+    pub layers: u64,
+    pub sandboxes: u64,
+    pub prefetch_chunks: u64,
+    pub prefetch_bytes: u64,
+    pub cache_checked: u64,
+    pub cache_rejected: u64,
+}
+
+impl Metrics {
     /// A read served from the cache.
     pub fn cache_hit(&self, d: &Digest) {
-        self.blob(d, |c| c.hits += 1);
+        self.hits.get_or_create(&blob(d)).inc();
     }
 
     /// A read that had to fetch.
     pub fn cache_miss(&self, d: &Digest) {
-        self.blob(d, |c| c.misses += 1);
+        self.misses.get_or_create(&blob(d)).inc();
     }
 
     /// One range request of `bytes` that took `took`.
     pub fn fetched(&self, d: &Digest, bytes: u64, took: Duration) {
-        self.blob(d, |c| {
-            c.fetched_bytes += bytes;
-            c.fetches += 1;
-        });
-        let s = took.as_secs_f64();
-        let i = BUCKETS
-            .iter()
-            .position(|b| s <= *b)
-            .unwrap_or(BUCKETS.len());
-        self.latency[i].fetch_add(1, Ordering::Relaxed);
-        self.latency_sum_us
-            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        let b = blob(d);
+        self.fetched_bytes.get_or_create(&b).inc_by(bytes);
+        self.fetches.get_or_create(&b).inc();
+        self.latency.observe(took.as_secs_f64());
+    }
+
+    /// A reader waited `took` for a chunk that was not in the cache.
+    pub fn waited(&self, how: Wait, took: Duration) {
+        let outcome = match how {
+            Wait::Led => "led",
+            Wait::Joined => "joined",
+        };
+        self.waits
+            .get_or_create(&OutcomeLabel { outcome })
+            .observe(took.as_secs_f64());
     }
 
     /// A read of `n` bytes served.
@@ -77,78 +146,167 @@ impl Metrics {
 
     /// An error of `kind`.
     pub fn error(&self, kind: &'static str) {
-        let mut m = self.errors.lock().unwrap_or_else(|p| p.into_inner());
-        *m.entry(kind).or_default() += 1;
+        self.errors.get_or_create(&KindLabel { kind }).inc();
     }
 
     /// Bytes fetched for one blob so far.
     pub fn fetched_bytes(&self, d: &Digest) -> u64 {
-        let m = self.blobs.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(d).map_or(0, |c| c.fetched_bytes)
+        self.fetched_bytes.get(&blob(d)).map_or(0, |c| c.get())
     }
 
-    /// Prometheus text exposition. `extra` lines (gauges the caller owns) are appended.
-    pub fn render(&self, extra: &str) -> String {
-        let mut out = String::new();
-        let blobs = self.blobs.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for (name, help, get) in [
+    /// The text exposition: the counters, then `node`'s gauges and totals.
+    pub fn render(&self, node: &NodeGauges) -> String {
+        let mut r = Registry::default();
+        for (name, help, family) in [
             (
-                "strata_fetched_bytes_total",
+                "strata_fetched_bytes",
                 "Compressed bytes fetched from the store",
-                (|c: &BlobCounters| c.fetched_bytes) as fn(&BlobCounters) -> u64,
+                &self.fetched_bytes,
             ),
             (
-                "strata_fetches_total",
+                "strata_fetches",
                 "Range requests made to the store",
-                |c| c.fetches,
+                &self.fetches,
             ),
             (
-                "strata_cache_hits_total",
+                "strata_cache_hits",
                 "Chunk reads served from the local cache",
-                |c| c.hits,
+                &self.hits,
             ),
             (
-                "strata_cache_misses_total",
+                "strata_cache_misses",
                 "Chunk reads that had to fetch",
-                |c| c.misses,
+                &self.misses,
             ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for (d, c) in &blobs {
-                let _ = writeln!(out, "{name}{{blob=\"{d}\"}} {}", get(c));
-            }
+            r.register(name, help, family.clone());
         }
-        let _ = writeln!(out, "# HELP strata_fetch_seconds Latency of range requests to the store\n# TYPE strata_fetch_seconds histogram");
-        let mut cum = 0;
-        for (i, b) in BUCKETS.iter().enumerate() {
-            cum += self.latency[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "strata_fetch_seconds_bucket{{le=\"{b}\"}} {cum}");
-        }
-        cum += self.latency[BUCKETS.len()].load(Ordering::Relaxed);
-        let _ = writeln!(out, "strata_fetch_seconds_bucket{{le=\"+Inf\"}} {cum}");
-        let _ = writeln!(
-            out,
-            "strata_fetch_seconds_sum {}\nstrata_fetch_seconds_count {cum}",
-            self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6
+        r.register(
+            "strata_fetch_seconds",
+            "Latency of range requests to the store",
+            self.latency.clone(),
         );
-        let _ = writeln!(
-            out,
-            "# HELP strata_errors_total Errors by kind\n# TYPE strata_errors_total counter"
+        r.register(
+            "strata_read_wait_seconds",
+            "How long readers waited for chunks not in the cache, by whether the reader fetched (led) or waited for another fetch (joined)",
+            self.waits.clone(),
         );
-        for (k, v) in self.errors.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            let _ = writeln!(out, "strata_errors_total{{kind=\"{k}\"}} {v}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP strata_reads_total FUSE reads served\n# TYPE strata_reads_total counter\nstrata_reads_total {}",
-            self.reads.load(Ordering::Relaxed)
+        r.register("strata_errors", "Errors by kind", self.errors.clone());
+        let total = |r: &mut Registry, name: &str, help: &str, v: u64| {
+            r.register(name, help, ConstCounter::new(v))
+        };
+        total(
+            &mut r,
+            "strata_reads",
+            "FUSE reads served",
+            self.reads.load(Ordering::Relaxed),
         );
-        let _ = writeln!(
-            out,
-            "# HELP strata_read_bytes_total Bytes returned by FUSE reads\n# TYPE strata_read_bytes_total counter\nstrata_read_bytes_total {}",
-            self.read_bytes.load(Ordering::Relaxed)
+        total(
+            &mut r,
+            "strata_read_bytes",
+            "Bytes returned by FUSE reads",
+            self.read_bytes.load(Ordering::Relaxed),
         );
-        out.push_str(extra);
+        self.register_node(&mut r, node);
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &r);
         out
+    }
+
+    fn register_node(&self, r: &mut Registry, n: &NodeGauges) {
+        for (name, help, v) in [
+            (
+                "strata_cache_bytes",
+                "Bytes in the chunk cache",
+                n.cache_bytes,
+            ),
+            (
+                "strata_cache_capacity_bytes",
+                "Chunk cache bound",
+                n.cache_capacity,
+            ),
+            (
+                "strata_layers_mounted",
+                "Layers mounted on this node",
+                n.layers,
+            ),
+            ("strata_sandboxes", "Sandboxes on this node", n.sandboxes),
+        ] {
+            r.register(name, help, ConstGauge::new(v as i64));
+        }
+        for (name, help, v) in [
+            (
+                "strata_prefetch_chunks",
+                "Chunks fetched by prefetch",
+                n.prefetch_chunks,
+            ),
+            (
+                "strata_prefetch_bytes",
+                "Bytes fetched by prefetch",
+                n.prefetch_bytes,
+            ),
+            (
+                "strata_cache_checked",
+                "Cached chunks read from disk and checked against their digest",
+                n.cache_checked,
+            ),
+            (
+                "strata_cache_rejected",
+                "Cached chunks that failed that check (dropped, fetched again)",
+                n.cache_rejected,
+            ),
+        ] {
+            r.register(name, help, ConstCounter::new(v));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_names_every_counter_as_before_and_the_read_waits() {
+        let m = Metrics::default();
+        let d = Digest::of(b"blob");
+        m.cache_miss(&d);
+        m.fetched(&d, 1000, Duration::from_millis(2));
+        m.fetched(&d, 24, Duration::from_millis(20));
+        m.waited(Wait::Led, Duration::from_micros(800));
+        m.waited(Wait::Joined, Duration::from_millis(3));
+        m.error("corrupt");
+        m.served(4096);
+        let node = NodeGauges {
+            cache_bytes: 7,
+            prefetch_bytes: 9,
+            ..Default::default()
+        };
+        let text = m.render(&node);
+        for line in [
+            format!("strata_fetched_bytes_total{{blob=\"{d}\"}} 1024"),
+            format!("strata_fetches_total{{blob=\"{d}\"}} 2"),
+            format!("strata_cache_misses_total{{blob=\"{d}\"}} 1"),
+            "strata_fetch_seconds_bucket{le=\"0.0025\"} 1".into(),
+            "strata_fetch_seconds_bucket{le=\"+Inf\"} 2".into(),
+            "strata_fetch_seconds_count 2".into(),
+            "strata_read_wait_seconds_bucket{le=\"0.001\",outcome=\"led\"} 1".into(),
+            "strata_read_wait_seconds_bucket{le=\"0.001\",outcome=\"joined\"} 0".into(),
+            "strata_read_wait_seconds_count{outcome=\"joined\"} 1".into(),
+            "strata_errors_total{kind=\"corrupt\"} 1".into(),
+            "strata_reads_total 1".into(),
+            "strata_read_bytes_total 4096".into(),
+            "strata_cache_bytes 7".into(),
+            "strata_prefetch_bytes_total 9".into(),
+            "# TYPE strata_read_wait_seconds histogram".into(),
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "no line {line:?} in\n{text}"
+            );
+        }
+        assert_eq!(m.fetched_bytes(&d), 1024);
+        assert_eq!(m.fetched_bytes(&Digest::of(b"other")), 0);
+        assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

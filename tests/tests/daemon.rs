@@ -57,6 +57,7 @@ fn sandboxes_share_layers_and_run_bwrap_and_runc() {
     assert!(held(&ps["status"]).1 > 0, "nothing held: {}", ps["status"]);
     scrubs_find_nothing_bad(&d);
     fetches_are_charged_to_the_reader(sb1, &ps["status"]);
+    reads_waits_are_measured(&d);
 
     runc_runs_a_bundle(&d, "sb3");
 
@@ -134,6 +135,25 @@ fn fetches_are_charged_to_the_reader(sb1: &serde_json::Value, status: &serde_jso
 }
 
 /// `strata bundle` writes a bundle runc runs from.
+/// Every read that fetched a chunk itself is one miss and one `led` wait in `/metrics`.
+fn reads_waits_are_measured(d: &Daemon) {
+    let client = strata_api::Client {
+        socket: d.socket.clone(),
+    };
+    let metrics = client.call("GET", "/metrics", None).expect("GET /metrics");
+    let text = metrics.as_str().expect("metrics are text");
+    let sum = |prefix: &str| -> u64 {
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let led = sum("strata_read_wait_seconds_count{outcome=\"led\"}");
+    assert!(led >= 1, "no led wait: {text}");
+    assert_eq!(led, sum("strata_cache_misses_total{"), "{text}");
+    assert!(text.ends_with("# EOF\n"), "{text}");
+}
+
 fn runc_runs_a_bundle(d: &Daemon, sandbox: &str) {
     let bdir = scratch("bundle");
     d.ok(&[

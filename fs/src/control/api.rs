@@ -137,7 +137,7 @@ fn handle(d: &Daemon, hooks: &Hooks, req: Request) -> (u16, &'static str, Vec<u8
         ("GET", ["healthz"]) => (200, "text/plain", b"ok\n".to_vec()),
         ("GET", ["metrics"]) => (
             200,
-            "text/plain; version=0.0.4",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
             d.render_metrics().into_bytes(),
         ),
         ("GET", ["v1", "status"]) => {

@@ -692,31 +692,25 @@ impl Daemon {
         self.table.trace.stop()
     }
 
-    /// Prometheus metrics.
+    /// Prometheus metrics (OpenMetrics text).
     pub fn render_metrics(&self) -> String {
-        let prefetched = self.warming.totals();
+        let (prefetch_chunks, prefetch_bytes) = self.warming.totals();
         let cache = self.fetcher.cache();
-        let st = self.lock();
-        let extra = format!(
-            "# HELP strata_cache_bytes Bytes in the chunk cache\n# TYPE strata_cache_bytes gauge\nstrata_cache_bytes {}\n\
-             # HELP strata_cache_capacity_bytes Chunk cache bound\n# TYPE strata_cache_capacity_bytes gauge\nstrata_cache_capacity_bytes {}\n\
-             # HELP strata_layers_mounted Layers mounted on this node\n# TYPE strata_layers_mounted gauge\nstrata_layers_mounted {}\n\
-             # HELP strata_sandboxes Sandboxes on this node\n# TYPE strata_sandboxes gauge\nstrata_sandboxes {}\n\
-             # HELP strata_prefetch_chunks_total Chunks fetched by prefetch\n# TYPE strata_prefetch_chunks_total counter\nstrata_prefetch_chunks_total {}\n\
-             # HELP strata_prefetch_bytes_total Bytes fetched by prefetch\n# TYPE strata_prefetch_bytes_total counter\nstrata_prefetch_bytes_total {}\n\
-             # HELP strata_cache_checked_total Cached chunks read from disk and checked against their digest\n# TYPE strata_cache_checked_total counter\nstrata_cache_checked_total {}\n\
-             # HELP strata_cache_rejected_total Cached chunks that failed that check (dropped, fetched again)\n# TYPE strata_cache_rejected_total counter\nstrata_cache_rejected_total {}\n",
-            cache.used(),
-            cache.capacity(),
-            st.layers.len(),
-            st.sandboxes.len(),
-            prefetched.0,
-            prefetched.1,
-            cache.stats.checked.load(std::sync::atomic::Ordering::Relaxed),
-            cache.stats.rejected.load(std::sync::atomic::Ordering::Relaxed),
-        );
-        drop(st);
-        self.metrics.render(&extra)
+        let (layers, sandboxes) = {
+            let st = self.lock();
+            (st.layers.len() as u64, st.sandboxes.len() as u64)
+        };
+        let stat = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        self.metrics.render(&crate::metrics::NodeGauges {
+            cache_bytes: cache.used(),
+            cache_capacity: cache.capacity(),
+            layers,
+            sandboxes,
+            prefetch_chunks,
+            prefetch_bytes,
+            cache_checked: stat(&cache.stats.checked),
+            cache_rejected: stat(&cache.stats.rejected),
+        })
     }
 
     /// Stops answering FUSE requests and leaves every mount in place, for a successor serving the same

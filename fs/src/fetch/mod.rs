@@ -48,7 +48,7 @@ pub use home::ChunkHome;
 
 use crate::cache::{CacheError, ChunkCache, Verified};
 use crate::groups::Groups;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Wait};
 use crate::workers::Workers;
 
 /// Bytes of one chunk, ready to read.
@@ -370,12 +370,16 @@ impl Fetcher {
                             })
                         }
                         Some(Err(e)) => return Err(e),
-                        Some(Ok(bytes)) => return Ok(ChunkBytes::Memory(bytes)),
+                        Some(Ok(bytes)) => {
+                            self.metrics.waited(Wait::Joined, start.elapsed());
+                            return Ok(ChunkBytes::Memory(bytes));
+                        }
                     }
                 }
                 None => {
                     if let Some(r) = self.lead(blob, i) {
                         self.metrics.cache_miss(&blob.blob.digest);
+                        self.metrics.waited(Wait::Led, start.elapsed());
                         return r;
                     }
                     // Someone claimed it between our look and our claim: wait for them.
