@@ -16,7 +16,10 @@ usage: sudo benches/coldstart.py [prepare|plan|record|noplan|inherit|local|stat|
            link-inherit); e.g. `coldstart.py plan inherit link --runs 5` compares it with the traced image
   local    cold start, local store: mount + `python3 -c 'import numpy, pandas'` in bubblewrap, through a
            fresh stratad (empty chunk cache) on the file:// store, against mounting the materialized copy
-           with kernel EROFS and running the same import; page cache dropped before each run
+           with kernel EROFS and running the same import; page cache dropped before each run. Rows also
+           carry stratad's own account (`/metrics`): `waited`, the seconds reads waited for chunks not in
+           the cache, `misses` (reads that fetched) and `joined` (reads that waited for another fetch) —
+           less noisy than the wall time on a busy host, as the workload's own CPU time is not in them
   stat     the first metadata-heavy command on a cold mount: lstat of every entry of the rootfs
            (`find ROOT -printf '%s'`) on a stratad rootfs just mounted, against the same on the materialized
            copy mounted with kernel EROFS; page cache dropped after mounting
@@ -305,7 +308,7 @@ def bench_local(runs, images=None, label="local"):
                     t_mount = time.perf_counter() - t
                     timed(bwrap(sb["rootfs"], IMPORT))
                     strata = time.perf_counter() - t
-                    got.append((image, strata, t_mount, d.sandbox("s"), busy))
+                    got.append((image, strata, t_mount, d.sandbox("s"), busy, d.waits()))
                 finally:
                     d.stop()
             busy2 = wait_quiet()
@@ -318,13 +321,15 @@ def bench_local(runs, images=None, label="local"):
                 ref = time.perf_counter() - t
             finally:
                 umount(mnt)
-            for image, strata, t_mount, sb, busy in got:
+            for image, strata, t_mount, sb, busy, w in got:
                 rows.append(record(label, i, image=image, strata=strata, strata_mount=t_mount, reference=ref,
                                    reference_mount=r_mount, fetched=sb["fetched_bytes"],
-                                   stored=sb["image_bytes"], busy=max(busy, busy2)))
+                                   stored=sb["image_bytes"], busy=max(busy, busy2),
+                                   waited=w["led_s"] + w["joined_s"], misses=w["led"], joined=w["joined"]))
     finally:
         os.rmdir(mnt)
-    return summaries(label, rows, extra=("strata_mount", "reference_mount", "fetched"), images=images)
+    return summaries(label, rows, extra=("strata_mount", "reference_mount", "fetched", "waited", "misses", "joined"),
+                     images=images)
 
 
 # ---------------------------------------------------------------- stat walk

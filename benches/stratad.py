@@ -9,8 +9,9 @@ BIN["stratad"] = os.environ.get("STRATAD", BIN["stratad"])
 BIN["strata"] = os.environ.get("STRATA_CLI", BIN["strata"])
 
 
-def call(sock, method, path, body=None):
-    """One request to stratad's control socket; the JSON reply (RuntimeError on an error status)."""
+def call(sock, method, path, body=None, raw=False):
+    """One request to stratad's control socket; the JSON reply, or with `raw` the body as text
+    (RuntimeError on an error status)."""
     s = socket.socket(socket.AF_UNIX)
     s.connect(sock)
     data = json.dumps(body) if body is not None else ""
@@ -26,7 +27,23 @@ def call(sock, method, path, body=None):
     status = int(head.split()[1])
     if status >= 300:
         raise RuntimeError(body.decode())
+    if raw:
+        return body.decode()
     return json.loads(body) if body else None
+
+
+def read_waits(text):
+    """From /metrics text: seconds reads waited for chunks not in the cache, and how many, by outcome
+    (`led`: the reader fetched, `joined`: it waited for another fetch) — zeros from a stratad without
+    `strata_read_wait_seconds` (before d03a735)."""
+    out = {"led_s": 0.0, "joined_s": 0.0, "led": 0, "joined": 0}
+    for line in text.splitlines():
+        for how in ("led", "joined"):
+            if line.startswith(f'strata_read_wait_seconds_sum{{outcome="{how}"}}'):
+                out[f"{how}_s"] = float(line.rsplit(" ", 1)[1])
+            elif line.startswith(f'strata_read_wait_seconds_count{{outcome="{how}"}}'):
+                out[how] = int(line.rsplit(" ", 1)[1])
+    return out
 
 
 class Daemon:
@@ -72,6 +89,10 @@ class Daemon:
 
     def call(self, method, path, body=None):
         return call(self.sock, method, path, body)
+
+    def waits(self):
+        """How long reads waited for chunks so far ([`read_waits`])."""
+        return read_waits(call(self.sock, "GET", "/metrics", raw=True))
 
     def mount(self, image, sid):
         return self.call("POST", "/v1/sandboxes", {"image": image, "id": sid})
