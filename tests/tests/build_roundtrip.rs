@@ -80,26 +80,7 @@ fn roundtrip(store: &StoreEnv) {
     let src = work.path().join("src");
     std::fs::create_dir_all(&src).expect("src");
     generate_tree(&src);
-    // Files the run-first layout moves (usr/share/doc is in the tree already): a Python package with
-    // bytecode, a source without, tests, a stub.
-    for (rel, text) in [
-        ("pkg/__init__.py", "source "),
-        ("pkg/__pycache__/__init__.cpython-311.pyc", "bytecode "),
-        ("pkg/plain.py", "plain "),
-        ("pkg/tests/test_pkg.py", "test "),
-        ("pkg/stub.pyi", "stub "),
-    ] {
-        let p = src.join(rel);
-        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
-        std::fs::write(&p, text.repeat(1000)).expect("write");
-    }
-    // Real ELF files the run-first layout reorders: a program, and the library it loads (placed after
-    // it), larger than a chunk (its loader-touched chunks stored right after its first).
-    let lib = src.join("usr/lib/x86_64-linux-gnu/libc.so.6");
-    std::fs::create_dir_all(lib.parent().expect("parent")).expect("mkdir");
-    std::fs::copy("/lib/x86_64-linux-gnu/libc.so.6", &lib).expect("copy libc");
-    std::fs::create_dir_all(src.join("usr/bin")).expect("mkdir");
-    std::fs::copy("/bin/ls", src.join("usr/bin/ls")).expect("copy ls");
+    add_files_the_layout_moves(&src);
     // Without store-wide dedup, so that a second build stores its own blob rather than referencing the
     // first one's (which gives another, equally valid, layer).
     let build = |layout: &str, tag: &str| {
@@ -154,9 +135,38 @@ fn roundtrip(store: &StoreEnv) {
         );
     }
 
+    the_cli_shows_the_source(store, &source);
+}
+
+/// Files the run-first layout moves, added to the generated tree at `src`.
+fn add_files_the_layout_moves(src: &std::path::Path) {
+    // Files the run-first layout moves (usr/share/doc is in the tree already): a Python package with
+    // bytecode, a source without, tests, a stub.
+    for (rel, text) in [
+        ("pkg/__init__.py", "source "),
+        ("pkg/__pycache__/__init__.cpython-311.pyc", "bytecode "),
+        ("pkg/plain.py", "plain "),
+        ("pkg/tests/test_pkg.py", "test "),
+        ("pkg/stub.pyi", "stub "),
+    ] {
+        let p = src.join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&p, text.repeat(1000)).expect("write");
+    }
+    // Real ELF files the run-first layout reorders: a program, and the library it loads (placed after
+    // it), larger than a chunk (its loader-touched chunks stored right after its first).
+    let lib = src.join("usr/lib/x86_64-linux-gnu/libc.so.6");
+    std::fs::create_dir_all(lib.parent().expect("parent")).expect("mkdir");
+    std::fs::copy("/lib/x86_64-linux-gnu/libc.so.6", &lib).expect("copy libc");
+    std::fs::create_dir_all(src.join("usr/bin")).expect("mkdir");
+    std::fs::copy("/bin/ls", src.join("usr/bin/ls")).expect("copy ls");
+}
+
+/// `strata ls` and `strata cat` show every entry of `source` (the tree built as test/tree:v1).
+fn the_cli_shows_the_source(store: &StoreEnv, source: &BTreeMap<Vec<u8>, EntryInfo>) {
     // The same through strata ls / cat.
     let via = snapshot_via_cli(store, "test/tree:v1");
-    for (path, e) in &source {
+    for (path, e) in source {
         if path.is_empty() {
             continue;
         }

@@ -460,6 +460,12 @@ fn compose_refuses_a_layer_built_on_another_base() {
         "-t",
         "deb/free:v1",
     ]);
+    diffs_and_bases_are_held_to_their_base_too(&store, b1.path());
+}
+
+/// A pack_diff diff records the image it was made on (refused on another base too); a base layer is a
+/// bottom, so `--on` makes no sense for it.
+fn diffs_and_bases_are_held_to_their_base_too(store: &StoreEnv, b1: &Path) {
     // A pack_diff diff records the image it was made on: refused on another base too.
     let upper = tree(&[("root/notes", "n")]);
     let out = json(&store.ok(&[
@@ -485,7 +491,7 @@ fn compose_refuses_a_layer_built_on_another_base() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     // A base layer is a bottom: --on makes no sense for it.
-    let o = store.run(&["build", p(b1.path()), "--on", "deb/base:v1"]);
+    let o = store.run(&["build", p(b1), "--on", "deb/base:v1"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
 
