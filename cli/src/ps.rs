@@ -32,17 +32,18 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<24} {:<32} {:<8} {:>6} {:>12} {:>12}  ROOTFS (STOPPED: UPPER DIRECTORY; VM: SCRATCH DRIVE)",
-        "SANDBOX", "IMAGE", "STATE", "LAYERS", "FETCHED", "IMAGE SIZE"
+        "{:<24} {:<32} {:<8} {:>6} {:>12} {:>9} {:>12}  ROOTFS (STOPPED: UPPER DIRECTORY; VM: SCRATCH DRIVE)",
+        "SANDBOX", "IMAGE", "STATE", "LAYERS", "FETCHED", "WAITED", "IMAGE SIZE"
     );
     for s in sandboxes.as_array().into_iter().flatten() {
         println!(
-            "{:<24} {:<32} {:<8} {:>6} {:>12} {:>12}  {}",
+            "{:<24} {:<32} {:<8} {:>6} {:>12} {:>9} {:>12}  {}",
             s["id"].as_str().unwrap_or(""),
             s["image"].as_str().unwrap_or(""),
             s["state"].as_str().unwrap_or(""),
             s["layers"].as_array().map_or(0, |l| l.len()),
             human(s["fetched_bytes"].as_u64().unwrap_or(0)),
+            format!("{:.2} s", s["read_wait_seconds"].as_f64().unwrap_or(0.0)),
             human(s["image_bytes"].as_u64().unwrap_or(0)),
             match (s["vm"]["scratch"].as_str(), s["state"].as_str()) {
                 // A microVM has no rootfs on the host: its scratch drive.

@@ -1,4 +1,5 @@
-//! Bytes fetched per sandbox: each read miss is charged to the sandbox of the process that read.
+//! Bytes fetched and time waited per sandbox: each read miss is charged to the sandbox of the process
+//! that read, and so is every wait of a read for a chunk not in the cache.
 //!
 //! A sandbox's layer mounts are shared with every other sandbox of the node that uses those layers, so a
 //! per-layer or per-blob counter cannot say which sandbox made the node fetch. The reader can: every FUSE
@@ -17,6 +18,11 @@
 //! rootfs path, a runtime's helper), reads the kernel makes from its own threads (loop devices in `loop`
 //! mode read on kernel workers), and requests made for no process. Prefetch (plan warming) reads no
 //! file: its bytes are in `prefetch` of the status, per image.
+//!
+//! Waits are charged the same way ([`Attribution::waited`]): the time each read of a sandbox's processes
+//! waited for a chunk not in the cache — its own fetch, or another reader's or a prefetch's it joined
+//! (the same time as the `strata_read_wait_seconds` histogram, per sandbox). It is what a lazy image cost
+//! the sandbox's programs: "the pull is fast but the app is slow" made visible, sandbox by sandbox.
 //!
 //! The counters live in memory, keyed by root; the daemon folds a sandbox's count into its record
 //! (`Sandbox::fetched_bytes`, in [`crate::control`]) when the sandbox stops, before an upgrade or restart hands
@@ -59,10 +65,26 @@ pub fn with_reader<T>(pid: u32, f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Fetched bytes by the root directory of the process that missed.
+/// What one root's reads cost the node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Charge {
+    /// Compressed bytes fetched for its misses.
+    pub bytes: u64,
+    /// Microseconds its reads waited for chunks not in the cache.
+    pub wait_us: u64,
+}
+
+impl std::ops::AddAssign for Charge {
+    fn add_assign(&mut self, o: Charge) {
+        self.bytes += o.bytes;
+        self.wait_us += o.wait_us;
+    }
+}
+
+/// Fetched bytes and waits by the root directory of the process that read.
 #[derive(Default)]
 pub struct Attribution {
-    by_root: Mutex<HashMap<RootKey, u64>>,
+    by_root: Mutex<HashMap<RootKey, Charge>>,
     /// Misses of a process whose root could not be read (it exited, or the pid is not in our view).
     lost: AtomicU64,
     /// Bumped at every charge: a flush with nothing new to write is skipped.
@@ -74,34 +96,45 @@ pub struct Attribution {
 }
 
 impl Attribution {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<RootKey, u64>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<RootKey, Charge>> {
         self.by_root.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A miss of the current reader made the node fetch `bytes`. Nothing is charged outside
-    /// [`with_reader`] (prefetch, internal reads).
-    pub fn miss(&self, bytes: u64) {
+    /// Adds `c` to the current reader's root; `c`'s bytes count as lost when the root cannot be read.
+    /// Nothing is charged outside [`with_reader`] (prefetch, internal reads).
+    fn charge(&self, c: Charge) {
         let pid = READER.with(Cell::get);
-        if pid == 0 || bytes == 0 {
+        if pid == 0 || c == Charge::default() {
             return;
         }
         match process_root(pid) {
-            Some(k) => *self.map().entry(k).or_default() += bytes,
+            Some(k) => *self.map().entry(k).or_default() += c,
             None => {
-                self.lost.fetch_add(bytes, Ordering::Relaxed);
+                self.lost.fetch_add(c.bytes, Ordering::Relaxed);
             }
         }
         self.changes.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Bytes charged to `root` and not yet taken.
-    pub fn peek(&self, root: RootKey) -> u64 {
-        self.map().get(&root).copied().unwrap_or(0)
+    /// A miss of the current reader made the node fetch `bytes`.
+    pub fn miss(&self, bytes: u64) {
+        self.charge(Charge { bytes, wait_us: 0 });
     }
 
-    /// Bytes charged to `root`, forgotten here (the caller keeps them).
-    pub fn take(&self, root: RootKey) -> u64 {
-        self.map().remove(&root).unwrap_or(0)
+    /// A read of the current reader waited `took` for a chunk not in the cache.
+    pub fn waited(&self, took: std::time::Duration) {
+        let wait_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.charge(Charge { bytes: 0, wait_us });
+    }
+
+    /// What was charged to `root` and not yet taken.
+    pub fn peek(&self, root: RootKey) -> Charge {
+        self.map().get(&root).copied().unwrap_or_default()
+    }
+
+    /// What was charged to `root`, forgotten here (the caller keeps it).
+    pub fn take(&self, root: RootKey) -> Charge {
+        self.map().remove(&root).unwrap_or_default()
     }
 
     /// Whether anything was charged since the last call (the control plane's flush skips writing
@@ -127,7 +160,7 @@ impl Attribution {
             .map()
             .iter()
             .filter(|(k, _)| !is_sandbox(k))
-            .map(|(_, v)| v)
+            .map(|(_, v)| v.bytes)
             .sum();
         other + self.lost.load(Ordering::Relaxed)
     }
@@ -161,16 +194,22 @@ mod tests {
         let root = process_root(me).expect("own root");
         with_reader(me, || a.miss(10));
         with_reader(me, || a.miss(5));
-        assert_eq!(a.peek(root), 15);
+        with_reader(me, || a.waited(std::time::Duration::from_micros(1500)));
+        a.waited(std::time::Duration::from_secs(1)); // no reader: not charged
+        let charged = Charge {
+            bytes: 15,
+            wait_us: 1500,
+        };
+        assert_eq!(a.peek(root), charged);
         assert_eq!(a.unattributed(|k| *k == root), 0);
         assert_eq!(a.unattributed(|_| false), 15);
         // A pid that does not exist: counted, but as no sandbox's.
         with_reader(u32::MAX - 1, || a.miss(7));
         assert_eq!(a.unattributed(|k| *k == root), 7);
-        assert_eq!(a.take(root), 15);
-        assert_eq!(a.peek(root), 0);
+        assert_eq!(a.take(root), charged);
+        assert_eq!(a.peek(root), Charge::default());
         // The reader is reset after with_reader.
         a.miss(1);
-        assert_eq!(a.peek(root), 0);
+        assert_eq!(a.peek(root), Charge::default());
     }
 }

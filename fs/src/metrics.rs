@@ -127,8 +127,10 @@ impl Metrics {
         self.latency.observe(took.as_secs_f64());
     }
 
-    /// A reader waited `took` for a chunk that was not in the cache.
+    /// A reader waited `took` for a chunk that was not in the cache: counted here, and charged to the
+    /// reader's sandbox ([`crate::attribution`]).
     pub fn waited(&self, how: Wait, took: Duration) {
+        self.attribution.waited(took);
         let outcome = match how {
             Wait::Led => "led",
             Wait::Joined => "joined",

@@ -117,7 +117,8 @@ fn scrubs_find_nothing_bad(d: &Daemon) {
     }
 }
 
-/// Charged to `sb1`, whose process read (file and fuse modes: the FUSE request carries its pid); in loop
+/// Charged to `sb1` (bytes fetched and reads' waits), whose process read (file and fuse modes: the FUSE
+/// request carries its pid); in loop
 /// mode the kernel's loop workers read, so the misses are the node's unattributed fetches (docs/API.md,
 /// fetched_unattributed).
 fn fetches_are_charged_to_the_reader(sb1: &serde_json::Value, status: &serde_json::Value) {
@@ -131,10 +132,15 @@ fn fetches_are_charged_to_the_reader(sb1: &serde_json::Value, status: &serde_jso
             "nothing charged to sb1 in {} mode",
             status["mount_mode"]
         );
+        // Its reads waited for those fetches: charged to it too.
+        let waited = sb1["read_wait_seconds"]
+            .as_f64()
+            .expect("read_wait_seconds");
+        assert!(waited > 0.0, "no wait charged to sb1: {sb1}");
+        assert!(sb1.get("read_wait_us").is_none(), "{sb1}");
     }
 }
 
-/// `strata bundle` writes a bundle runc runs from.
 /// Every read that fetched a chunk itself is one miss and one `led` wait in `/metrics`.
 fn reads_waits_are_measured(d: &Daemon) {
     let client = strata_api::Client {
@@ -154,6 +160,7 @@ fn reads_waits_are_measured(d: &Daemon) {
     assert!(text.ends_with("# EOF\n"), "{text}");
 }
 
+/// `strata bundle` writes a bundle runc runs from.
 fn runc_runs_a_bundle(d: &Daemon, sandbox: &str) {
     let bdir = scratch("bundle");
     d.ok(&[

@@ -89,12 +89,18 @@ pub(crate) fn error_json(e: &DaemonError) -> (u16, Value) {
     failure(e.kind(), &e.to_string())
 }
 
-/// A sandbox as the API shows it: its record, with the bytes fetched for its misses so far and its
+/// A sandbox as the API shows it: its record, with the bytes fetched for its misses and the seconds its
+/// reads waited for chunks so far (`read_wait_us`, the record's, is replaced by `read_wait_seconds`), and its
 /// image's stored bytes as `strata images` counts them (asked of the store only when `sizes`; else
 /// the last known figure).
 fn sandbox_json_sized(d: &Daemon, s: &crate::control::daemon::Sandbox, sizes: bool) -> Value {
     let mut v = serde_json::to_value(s).unwrap_or(Value::Null);
-    v["fetched_bytes"] = json!(d.fetched_by(s));
+    if let Some(o) = v.as_object_mut() {
+        o.remove("read_wait_us");
+    }
+    let c = d.charged_to(s);
+    v["fetched_bytes"] = json!(c.bytes);
+    v["read_wait_seconds"] = json!(c.wait_us as f64 / 1e6);
     if let Some(n) = d.image_bytes(&s.manifest, sizes) {
         v["image_bytes"] = json!(n);
     }

@@ -1,22 +1,37 @@
-//! Bytes fetched per sandbox, on the node's side: the data plane charges misses to readers' roots
-//! ([`crate::attribution`]); here those counts are read for the API and folded into the sandboxes'
-//! records — every few seconds, when a sandbox stops, and before an upgrade or restart hands the node
+//! Bytes fetched and reads' waits per sandbox, on the node's side: the data plane charges misses and
+//! waits to readers' roots ([`crate::attribution`]); here those counts are read for the API and folded
+//! into the sandboxes' records — every few seconds, when a sandbox stops, and before an upgrade or restart hands the node
 //! on — so the figure survives a successor and a restart. Also the image sizes `strata ps` shows.
 
 use super::daemon::Daemon;
 use super::state::Sandbox;
+use crate::attribution::Charge;
+
+impl Sandbox {
+    /// Folds what was charged to the sandbox's root into its record.
+    pub(crate) fn add_charge(&mut self, c: Charge) {
+        self.fetched_bytes += c.bytes;
+        self.read_wait_us += c.wait_us;
+    }
+}
 
 /// Seconds between two writes of the counts into the sandboxes' records.
 pub const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Daemon {
-    /// Bytes fetched for sandbox `sb`'s misses: what its record holds (as the node has it now, if it is
+    /// What sandbox `sb`'s reads cost the node: what its record holds (as the node has it now, if it is
     /// still there) and what was charged since.
-    pub fn fetched_by(&self, sb: &Sandbox) -> u64 {
+    pub fn charged_to(&self, sb: &Sandbox) -> Charge {
         let st = self.lock();
         let cur = st.sandboxes.get(&sb.id).unwrap_or(sb);
-        let live = cur.root.map_or(0, |k| self.metrics.attribution.peek(k));
-        cur.fetched_bytes + live
+        let mut c = cur
+            .root
+            .map_or_else(Charge::default, |k| self.metrics.attribution.peek(k));
+        c += Charge {
+            bytes: cur.fetched_bytes,
+            wait_us: cur.read_wait_us,
+        };
+        c
     }
 
     /// Bytes fetched for misses of no running sandbox (see the module documentation).
@@ -39,9 +54,9 @@ impl Daemon {
             st.sandboxes
                 .values_mut()
                 .filter_map(|s| {
-                    let n = a.take(s.root?);
-                    s.fetched_bytes += n;
-                    (n > 0).then(|| s.clone())
+                    let c = a.take(s.root?);
+                    s.add_charge(c);
+                    (c != Charge::default()).then(|| s.clone())
                 })
                 .collect()
         };

@@ -176,6 +176,10 @@ impl Daemon {
                 Reuse::Resume => prior.as_ref().map_or(0, |p| p.fetched_bytes),
                 _ => 0,
             },
+            read_wait_us: match reuse {
+                Reuse::Resume => prior.as_ref().map_or(0, |p| p.read_wait_us),
+                _ => 0,
+            },
             root: None,
         };
         lowers.reverse(); // overlay wants the top layer first
@@ -291,7 +295,7 @@ impl Daemon {
             }
             sb.state = SandboxState::Stopped;
             if let Some(k) = sb.root.take() {
-                sb.fetched_bytes += self.metrics.attribution.take(k);
+                sb.add_charge(self.metrics.attribution.take(k));
             }
             sb.clone()
         };

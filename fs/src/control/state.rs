@@ -89,6 +89,10 @@ pub struct Sandbox {
     /// daemon wrote the record ([`crate::attribution`]; the API adds what was counted since).
     #[serde(default)]
     pub fetched_bytes: u64,
+    /// Microseconds this sandbox's reads waited for chunks not in the cache, up to the last write of the
+    /// record (the API adds what was counted since).
+    #[serde(default)]
+    pub read_wait_us: u64,
     /// Its rootfs's device and inode while it runs (what its processes have as their root).
     #[serde(skip)]
     pub root: Option<RootKey>,
@@ -364,6 +368,7 @@ mod tests {
             config: ImageConfig::default(),
             vm: None,
             fetched_bytes: 0,
+            read_wait_us: 0,
             root: None,
         }
     }

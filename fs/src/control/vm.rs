@@ -246,6 +246,7 @@ impl Daemon {
             config: m.config.clone(),
             vm: Some(drives),
             fetched_bytes: 0,
+            read_wait_us: 0,
             root: None,
         };
         if let Err(e) = self.node.save_sandbox(&sb) {
