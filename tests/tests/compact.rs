@@ -152,7 +152,21 @@ fn compacts(store: &StoreEnv, piece_size: &str) {
     }
     drop(node);
 
-    // The re-pointed layer is a valid EROFS image that reads the tree.
+    the_repointed_layer_reads_in_the_kernel(store, &insp, &files);
+
+    collected_blobs_hold_the_live_data(store, r, &ps, piece_size, before, &files);
+    // Compacting again finds nothing to do.
+    let again = json(&store.ok(&["gc", "--compact", "--json"]));
+    assert_eq!(again["compact"]["compacted"], 0, "{again}");
+}
+
+/// The re-pointed layer of `insp` (base:latest after compaction) is a valid EROFS image that reads the
+/// tree.
+fn the_repointed_layer_reads_in_the_kernel(
+    store: &StoreEnv,
+    insp: &serde_json::Value,
+    files: &[(String, Vec<u8>)],
+) {
     let layer = insp["layers"][0]["digest"]
         .as_str()
         .expect("layer")
@@ -167,13 +181,23 @@ fn compacts(store: &StoreEnv, piece_size: &str) {
             );
         }
     }
+}
 
-    // Once gc has collected the old objects, the blobs hold about the live data only.
+/// Once gc has collected the old objects, the blobs hold about the live data only (a fresh build of the
+/// tree at `r`), stored as before (pieced or not).
+fn collected_blobs_hold_the_live_data(
+    store: &StoreEnv,
+    r: &str,
+    ps: &[&str],
+    piece_size: &str,
+    before: u64,
+    files: &[(String, Vec<u8>)],
+) {
     store.ok(&["gc", "--grace", "0s"]);
     let after = store_blob_bytes(store);
     let fresh_dir = scratch("compact-fresh");
     let fresh = StoreEnv::local(fresh_dir.path());
-    fresh.ok(&[&["build", r][..], &ps].concat());
+    fresh.ok(&[&["build", r][..], ps].concat());
     let live = store_blob_bytes(&fresh);
     assert!(
         after < before,
@@ -183,16 +207,13 @@ fn compacts(store: &StoreEnv, piece_size: &str) {
         (after as f64) <= 1.3 * live as f64,
         "store blobs {after} vs live data {live} (before compaction {before})"
     );
-    reads_the_same(store, "base:latest", &files);
+    reads_the_same(store, "base:latest", files);
     // Compaction keeps how chunks are stored: pieced blobs are rewritten pieced.
     let pieced = pieced_blobs(store);
     match piece_size {
         "0" => assert_eq!(pieced, 0),
         _ => assert!(pieced > 0, "no pieced blob after compaction"),
     }
-    // Compacting again finds nothing to do.
-    let again = json(&store.ok(&["gc", "--compact", "--json"]));
-    assert_eq!(again["compact"]["compacted"], 0, "{again}");
 }
 
 #[test]

@@ -206,16 +206,7 @@ impl Daemon {
         }
         self.warming.sandbox_requested(&manifest);
         let layers: Vec<Digest> = m.layers.iter().map(|l| l.digest).collect();
-        let mut acquired = Vec::new();
-        for l in &layers {
-            match self.acquire_vm_layer(l) {
-                Ok(()) => acquired.push(*l),
-                Err(e) => {
-                    self.release_vm_layers(&acquired);
-                    return Err(e);
-                }
-            }
-        }
+        let acquired = self.acquire_vm_layers(&layers)?;
         let made = self
             .vm_drives(&req.image, &layers, &scratch, scratch_bytes)
             .and_then(|(drives, image_bytes)| {
@@ -257,6 +248,20 @@ impl Daemon {
         tracing::info!(sandbox = id, image = %req.image,
             ms = started.elapsed().as_millis() as u64, "VM sandbox created");
         Ok(sb)
+    }
+
+    /// Serves each of `layers` to a VM (another reference to those served already); on a failure none
+    /// stays acquired.
+    fn acquire_vm_layers(&self, layers: &[Digest]) -> Result<Vec<Digest>, DaemonError> {
+        let mut acquired = Vec::new();
+        for l in layers {
+            if let Err(e) = self.acquire_vm_layer(l) {
+                self.release_vm_layers(&acquired);
+                return Err(e);
+            }
+            acquired.push(*l);
+        }
+        Ok(acquired)
     }
 
     /// The drives of a VM of `layers` (served already), and the image's stored bytes.
