@@ -90,8 +90,8 @@ pub(crate) fn error_json(e: &DaemonError) -> (u16, Value) {
 }
 
 /// A sandbox as the API shows it: its record, with the bytes fetched for its misses and the seconds its
-/// reads waited for chunks so far (`read_wait_us`, the record's, is replaced by `read_wait_seconds`), and its
-/// image's stored bytes as `strata images` counts them (asked of the store only when `sizes`; else
+/// reads waited for chunks so far (`read_wait_seconds`, in place of the record's `read_wait_us`), and
+/// its image's stored bytes as `strata images` counts them (asked of the store only when `sizes`; else
 /// the last known figure).
 fn sandbox_json_sized(d: &Daemon, s: &crate::control::daemon::Sandbox, sizes: bool) -> Value {
     let mut v = serde_json::to_value(s).unwrap_or(Value::Null);

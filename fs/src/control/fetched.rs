@@ -1,7 +1,8 @@
 //! Bytes fetched and reads' waits per sandbox, on the node's side: the data plane charges misses and
 //! waits to readers' roots ([`crate::attribution`]); here those counts are read for the API and folded
-//! into the sandboxes' records — every few seconds, when a sandbox stops, and before an upgrade or restart hands the node
-//! on — so the figure survives a successor and a restart. Also the image sizes `strata ps` shows.
+//! into the sandboxes' records — every few seconds, when a sandbox stops, and before an upgrade or
+//! restart hands the node on — so the figures survive a successor and a restart. Also the image sizes
+//! `strata ps` shows.
 
 use super::daemon::Daemon;
 use super::state::Sandbox;
