@@ -241,13 +241,19 @@ fn a_new_sandbox_from_pack_diff_sees_exactly_the_first_ones_tree() {
     );
     assert_eq!(String::from_utf8_lossy(&o.stdout), "VALUE = 42\n");
 
-    // A second snapshot on top, undoing part of the first; then flatten in two ways.
+    a_second_snapshot_then_flattened_two_ways(&d, r2);
+}
+
+/// A second snapshot of sandbox s2 (at `r2`) on top of pd:snap, undoing part of the first; then
+/// flattened whole and from its second layer: every image shows the same tree, and the flattened layer
+/// passes fsck.erofs.
+fn a_second_snapshot_then_flattened_two_ways(d: &Daemon, r2: &Path) {
     std::fs::remove_file(r2.join("opt/work/sub/big.bin")).expect("rm");
     std::fs::write(r2.join("etc/small.conf"), b"second").expect("write");
     std::fs::remove_dir_all(r2.join("opt/pylib")).expect("rm -r");
     let want2 = tree(r2);
     ok(
-        pack_diff(&d, &["--sandbox", "s2", "-t", "pd:snap2"]),
+        pack_diff(d, &["--sandbox", "s2", "-t", "pd:snap2"]),
         "second pack_diff",
     );
     let full = json(&d.ok(&["flatten", "pd:snap2", "-t", "pd:flat", "--json"]));
