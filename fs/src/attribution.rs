@@ -8,7 +8,8 @@
 //! sandbox's own, whether bubblewrap, runc or `chroot` started it. The blob server passes the request's
 //! pid down to the fetcher ([`with_reader`]); when a read misses and the fetcher asks the store for a
 //! span ([`crate::fetch`]), the span's compressed bytes are charged to that root ([`Attribution::miss`]).
-//! The `stat` of `/proc/PID/root` happens only on a miss, which waits for a store round trip anyway.
+//! The `stat` of `/proc/PID/root` happens only on a miss or a wait for another's fetch (once per
+//! request), which waits for a store round trip anyway.
 //!
 //! What is counted, exactly: the compressed bytes of the store ranges a miss requested (the missed chunk's
 //! frame and the frames fetched with it: the span after it, and before it with `max_fetch_behind`), once,
@@ -25,7 +26,7 @@
 //! the sandbox's programs: "the pull is fast but the app is slow" made visible, sandbox by sandbox.
 //!
 //! The counters live in memory, keyed by root; the daemon folds a sandbox's count into its record
-//! (`Sandbox::fetched_bytes`, in [`crate::control`]) when the sandbox stops, before an upgrade or restart hands
+//! (`Sandbox::charged`, in [`crate::control`]) when the sandbox stops, before an upgrade or restart hands
 //! the node on, and every few seconds, so the figure survives a successor and a restart.
 
 use std::cell::Cell;
@@ -53,24 +54,46 @@ pub fn process_root(pid: u32) -> Option<RootKey> {
     root_key(std::path::Path::new(&format!("/proc/{pid}/root")))
 }
 
+/// The process a request is made for, and its root once looked up (`None` until then; `Some(None)`:
+/// it cannot be read).
+type Reader = (u32, Option<Option<RootKey>>);
+
 thread_local! {
-    static READER: Cell<u32> = const { Cell::new(0) };
+    static READER: Cell<Reader> = const { Cell::new((0, None)) };
 }
 
 /// Runs `f` with `pid` as the process its fetches are charged to.
 pub fn with_reader<T>(pid: u32, f: impl FnOnce() -> T) -> T {
-    let before = READER.with(|r| r.replace(pid));
+    let before = READER.with(|r| r.replace((pid, None)));
     let out = f();
     READER.with(|r| r.set(before));
     out
 }
 
-/// What one root's reads cost the node.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The current reader's pid (0: none) and root: looked up at the first charge of a request and kept
+/// for the rest of it — a miss charges its bytes and then its wait, with one `statx`.
+fn reader_root() -> (u32, Option<RootKey>) {
+    READER.with(|r| match r.get() {
+        (0, _) => (0, None),
+        (pid, Some(root)) => (pid, root),
+        (pid, None) => {
+            let root = process_root(pid);
+            r.set((pid, Some(root)));
+            (pid, root)
+        }
+    })
+}
+
+/// What one root's reads cost the node; a sandbox's record keeps it (as `fetched_bytes` and
+/// `read_wait_us`; a record without them reads as nothing charged).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Charge {
     /// Compressed bytes fetched for its misses.
+    #[serde(rename = "fetched_bytes")]
     pub bytes: u64,
     /// Microseconds its reads waited for chunks not in the cache.
+    #[serde(rename = "read_wait_us")]
     pub wait_us: u64,
 }
 
@@ -103,11 +126,14 @@ impl Attribution {
     /// Adds `c` to the current reader's root; `c`'s bytes count as lost when the root cannot be read.
     /// Nothing is charged outside [`with_reader`] (prefetch, internal reads).
     fn charge(&self, c: Charge) {
-        let pid = READER.with(Cell::get);
-        if pid == 0 || c == Charge::default() {
+        if c == Charge::default() {
             return;
         }
-        match process_root(pid) {
+        let (pid, root) = reader_root();
+        if pid == 0 {
+            return;
+        }
+        match root {
             Some(k) => *self.map().entry(k).or_default() += c,
             None => {
                 self.lost.fetch_add(c.bytes, Ordering::Relaxed);

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -31,7 +31,19 @@ pub const BUCKETS: [f64; 12] = [
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BlobLabel {
-    blob: String,
+    blob: BlobName,
+}
+
+/// A blob's digest as a label value: kept as the digest (a cache hit counts without formatting or
+/// allocating anything), written as `blake3:<hex>` only when scraped.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct BlobName(Digest);
+
+impl EncodeLabelValue for BlobName {
+    fn encode(&self, e: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        use std::fmt::Write;
+        write!(e, "{}", self.0)
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -90,9 +102,7 @@ impl Default for Metrics {
 }
 
 fn blob(d: &Digest) -> BlobLabel {
-    BlobLabel {
-        blob: d.to_string(),
-    }
+    BlobLabel { blob: BlobName(*d) }
 }
 
 /// What the rest of the daemon owns, read at a scrape.

@@ -8,14 +8,6 @@ use super::daemon::Daemon;
 use super::state::Sandbox;
 use crate::attribution::Charge;
 
-impl Sandbox {
-    /// Folds what was charged to the sandbox's root into its record.
-    pub(crate) fn add_charge(&mut self, c: Charge) {
-        self.fetched_bytes += c.bytes;
-        self.read_wait_us += c.wait_us;
-    }
-}
-
 /// Seconds between two writes of the counts into the sandboxes' records.
 pub const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -25,13 +17,10 @@ impl Daemon {
     pub fn charged_to(&self, sb: &Sandbox) -> Charge {
         let st = self.lock();
         let cur = st.sandboxes.get(&sb.id).unwrap_or(sb);
-        let mut c = cur
-            .root
-            .map_or_else(Charge::default, |k| self.metrics.attribution.peek(k));
-        c += Charge {
-            bytes: cur.fetched_bytes,
-            wait_us: cur.read_wait_us,
-        };
+        let mut c = cur.charged;
+        if let Some(k) = cur.root {
+            c += self.metrics.attribution.peek(k);
+        }
         c
     }
 
@@ -56,7 +45,7 @@ impl Daemon {
                 .values_mut()
                 .filter_map(|s| {
                     let c = a.take(s.root?);
-                    s.add_charge(c);
+                    s.charged += c;
                     (c != Charge::default()).then(|| s.clone())
                 })
                 .collect()

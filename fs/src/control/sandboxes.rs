@@ -172,13 +172,9 @@ impl Daemon {
             config: m.config.clone(),
             vm: None,
             // A resumed sandbox goes on counting.
-            fetched_bytes: match reuse {
-                Reuse::Resume => prior.as_ref().map_or(0, |p| p.fetched_bytes),
-                _ => 0,
-            },
-            read_wait_us: match reuse {
-                Reuse::Resume => prior.as_ref().map_or(0, |p| p.read_wait_us),
-                _ => 0,
+            charged: match (reuse, &prior) {
+                (Reuse::Resume, Some(p)) => p.charged,
+                _ => Default::default(),
             },
             root: None,
         };
@@ -295,7 +291,7 @@ impl Daemon {
             }
             sb.state = SandboxState::Stopped;
             if let Some(k) = sb.root.take() {
-                sb.add_charge(self.metrics.attribution.take(k));
+                sb.charged += self.metrics.attribution.take(k);
             }
             sb.clone()
         };

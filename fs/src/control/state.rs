@@ -85,14 +85,12 @@ pub struct Sandbox {
     /// `upper` is its scratch image and `work` the directory holding it; `rootfs` is empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<crate::control::vm::VmDrives>,
-    /// Compressed bytes the node fetched for this sandbox's read misses, up to the last time the
-    /// daemon wrote the record ([`crate::attribution`]; the API adds what was counted since).
-    #[serde(default)]
-    pub fetched_bytes: u64,
-    /// Microseconds this sandbox's reads waited for chunks not in the cache, up to the last write of the
-    /// record (the API adds what was counted since).
-    #[serde(default)]
-    pub read_wait_us: u64,
+    /// What this sandbox's reads cost the node — compressed bytes fetched for its misses
+    /// (`fetched_bytes`) and microseconds they waited for chunks not in the cache (`read_wait_us`) — up
+    /// to the last time the daemon wrote the record ([`crate::attribution`]; the API adds what was
+    /// counted since).
+    #[serde(flatten)]
+    pub charged: crate::attribution::Charge,
     /// Its rootfs's device and inode while it runs (what its processes have as their root).
     #[serde(skip)]
     pub root: Option<RootKey>,
@@ -367,8 +365,7 @@ mod tests {
             state: SandboxState::Running,
             config: ImageConfig::default(),
             vm: None,
-            fetched_bytes: 0,
-            read_wait_us: 0,
+            charged: Default::default(),
             root: None,
         }
     }
@@ -421,6 +418,23 @@ mod tests {
         let (good, _) = st.sandboxes();
         let e = good.iter().find(|s| s.id == "e").expect("old record read");
         assert_eq!(e.config, ImageConfig::default());
+    }
+
+    #[test]
+    fn what_a_sandbox_was_charged_is_kept_flat_and_old_records_read() {
+        let mut sb = sandbox("f");
+        sb.charged.bytes = 7;
+        sb.charged.wait_us = 9;
+        let v = serde_json::to_value(&sb).expect("json");
+        assert_eq!(
+            (v["fetched_bytes"].as_u64(), v["read_wait_us"].as_u64()),
+            (Some(7), Some(9))
+        );
+        // A record written before waits were kept: its bytes read, no wait.
+        let mut old = v;
+        old.as_object_mut().expect("object").remove("read_wait_us");
+        let back: Sandbox = serde_json::from_value(old).expect("old record");
+        assert_eq!((back.charged.bytes, back.charged.wait_us), (7, 0));
     }
 
     #[test]

@@ -236,8 +236,7 @@ impl Daemon {
             state: SandboxState::Running,
             config: m.config.clone(),
             vm: Some(drives),
-            fetched_bytes: 0,
-            read_wait_us: 0,
+            charged: Default::default(),
             root: None,
         };
         if let Err(e) = self.node.save_sandbox(&sb) {
