@@ -95,12 +95,27 @@ pub fn whole_objects(b: &dyn StoreBackend) {
     assert_ne!(v1, v2, "{}: an overwrite keeps the version", b.url());
     put(b, &key("whole/empty"), b"");
     assert!(get(b, &key("whole/empty")).is_empty(), "{}", b.url());
+    // Streamed whole: the same bytes, in order (an object longer than a local read's piece).
+    let big = pattern((5 << 20) / 2 + 123);
+    put(b, &key("whole/big"), &big);
+    for (k, want) in [("whole/big", &big[..]), ("whole/empty", &b""[..])] {
+        let got = streamed_whole(b, &key(k)).unwrap_or_else(|e| panic!("{}: {k}: {e}", b.url()));
+        assert!(got == want, "{}: {k} streamed", b.url());
+    }
+}
+
+/// A streamed whole read's pieces, joined.
+fn streamed_whole(b: &dyn StoreBackend, k: &str) -> Result<Vec<u8>, StoreError> {
+    let mut got = Vec::new();
+    b.get_streamed(k, &mut |piece| got.extend_from_slice(piece))?;
+    Ok(got)
 }
 
 /// A missing object: not found for reads, `None` for head, deleting it succeeds.
 pub fn missing_objects(b: &dyn StoreBackend) {
     let k = key("missing/none");
     assert_not_found(b, "get", b.get(&k));
+    assert_not_found(b, "get_streamed", streamed_whole(b, &k));
     assert_not_found(b, "get_range", b.get_range(&k, 0..4, DEADLINE));
     assert_not_found(b, "empty get_range", b.get_range(&k, 0..0, DEADLINE));
     assert_eq!(b.head(&k).expect("head"), None, "{}", b.url());
@@ -311,6 +326,7 @@ pub fn silent(b: &dyn StoreBackend, deadline: Duration, spool: &std::path::Path)
     let data = Bytes::from_static(b"never stored");
     std::fs::write(spool, vec![7u8; 1 << 20]).expect("write the spool file");
     timed("get", &|| b.get(&k).map(|_| ()));
+    timed("get_streamed", &|| b.get_streamed(&k, &mut |_| {}));
     timed("head", &|| b.head(&k).map(|_| ()));
     timed("put", &|| {
         b.put(&k, data.clone(), PutMode::Overwrite).map(|_| ())

@@ -3,9 +3,10 @@
 //! image (`--patch-from`): a rebuild's metadata differs from its parent's in a few inodes, so the
 //! patch is a few percent of the image. A patch's base is never itself a patch, so reading metadata
 //! needs at most one other object, and every image read is checked against its digest (its name).
-//! Frames are decompressed, hashed and written on every core straight into the node's file
-//! ([`Store::get_meta_into`], the first mount's metadata step).
+//! Frames are decompressed, hashed and written on every core straight into the node's file while the
+//! object is still being read ([`Store::get_meta_into`], the first mount's metadata step).
 
+use super::unpack::{self, UnpackError, Unpacked};
 use super::{frames, key, Digest, Store, StoreError};
 
 impl Store {
@@ -80,9 +81,9 @@ impl Store {
     }
 
     /// Reads layer metadata into `out` (a new, empty file at `path`) and checks it against its digest,
-    /// as [`Self::get_meta`] does; a stream of whole frames is decompressed, checked and written frame
-    /// by frame on every core ([`frames::decompress_to`]). Returns the image's length. On an error the
-    /// file holds anything: the caller keeps it out of use.
+    /// as [`Self::get_meta`] does. A stream of sized frames is decompressed, checked and written frame
+    /// by frame on every core while it is still being read ([`unpack`]). Returns the image's length.
+    /// On an error the file holds anything: the caller keeps it out of use.
     pub fn get_meta_into(
         &self,
         d: &Digest,
@@ -90,29 +91,31 @@ impl Store {
         path: &std::path::Path,
     ) -> Result<u64, StoreError> {
         let key = key::meta(d);
-        let z = self.backend.get(&key)?.0;
-        if !z.starts_with(META_PATCH_MAGIC) {
-            let done = frames::decompress_to(&z, META_MAX, out).map_err(|e| match e {
-                frames::ToFileError::Stream(e) => StoreError::Malformed {
-                    key: key.clone(),
+        let read = |sink: &mut dyn FnMut(&[u8])| self.backend.get_streamed(&key, sink);
+        let z = match unpack::unpack_into(META_MAX, out, read) {
+            Ok(Unpacked::Written { len, digest }) if digest == *d => return Ok(len),
+            Ok(Unpacked::Written { digest, .. }) => {
+                return Err(StoreError::Corrupt {
+                    key,
+                    expected: *d,
+                    actual: digest,
+                })
+            }
+            Ok(Unpacked::Whole(z)) => z,
+            Err(UnpackError::Read(e)) => return Err(e),
+            Err(UnpackError::Stream(e)) => {
+                return Err(StoreError::Malformed {
+                    key,
                     why: format!("not a zstd stream: {e}"),
-                },
-                frames::ToFileError::Write(source) => StoreError::Io {
+                })
+            }
+            Err(UnpackError::Write(source)) => {
+                return Err(StoreError::Io {
                     path: path.to_path_buf(),
                     source,
-                },
-            })?;
-            if let Some((len, actual)) = done {
-                return match actual == *d {
-                    true => Ok(len),
-                    false => Err(StoreError::Corrupt {
-                        key,
-                        expected: *d,
-                        actual,
-                    }),
-                };
+                })
             }
-        }
+        };
         let image = self.meta_of(d, key, &z, 0)?;
         use std::os::unix::fs::FileExt;
         out.write_all_at(&image, 0)

@@ -46,6 +46,7 @@ pub mod spool;
 mod tagfile;
 mod tags;
 pub mod tripwire;
+pub(crate) mod unpack;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

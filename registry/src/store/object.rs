@@ -94,6 +94,14 @@ pub trait StoreBackend: Send + Sync {
         Ok(())
     }
 
+    /// A whole object handed to `sink` in order, in pieces as it arrives, within the backend's deadline
+    /// (as [`StoreBackend::get`]). Pieces handed over before an error stay handed over: a caller that
+    /// acts on a prefix must check it itself. The default reads the whole object, then hands it over.
+    fn get_streamed(&self, key: &str, sink: &mut dyn FnMut(&[u8])) -> Result<(), StoreError> {
+        sink(&self.get(key)?.0);
+        Ok(())
+    }
+
     /// An object's metadata, or `None` if it does not exist.
     fn head(&self, key: &str) -> Result<Option<ObjectMeta>, StoreError>;
 
