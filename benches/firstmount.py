@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""A layer's first mount, A/B: arms NAME=STRATAD@STORE (a stratad binary and a store URL), alternated in
-every round; each measurement is a fresh stratad (empty state), the page cache dropped, then one sandbox of
-IMAGE (default fat:v1) created. Prints per measurement and as medians: the metadata step (stratad's own
+"""A layer's first mount, A/B: arms NAME=STRATAD@STORE[#IMAGE] (a stratad binary, a store URL, an image:
+default $IMAGE or fat:v1), alternated in every round; each measurement is a fresh stratad (empty state),
+the page cache dropped, then one sandbox of the image created. Prints per measurement and as medians: the metadata step (stratad's own
 timer, its debug line "layer metadata fetched": the object read, decompressed, checked and written) and the
 sandbox request's wall time.
 
-usage: sudo benches/firstmount.py ROUNDS NAME=STRATAD@STORE...
+usage: sudo benches/firstmount.py ROUNDS NAME=STRATAD@STORE[#IMAGE]...
 e.g.   sudo benches/firstmount.py 8 main=/tmp/stratad-main@file:///var/tmp/strata-bench/cs/store \\
             new=/var/tmp/strata-target/release/stratad@file:///var/tmp/strata-bench/cs/store
 Needs the data of benches/coldstart.py (`coldstart.py prepare`).
@@ -19,7 +19,7 @@ import stratad  # noqa: E402
 IMAGE = os.environ.get("IMAGE", "fat:v1")
 
 
-def once(binary, store):
+def once(binary, store, image):
     """One first mount: (metadata step ms, request wall ms)."""
     with tempfile.NamedTemporaryFile(prefix="strata-firstmount-", dir="/var/tmp") as log:
         env = {"STRATA_LOG": "warn,strata_fs::control::daemon=debug", "NO_COLOR": "1"}
@@ -34,7 +34,7 @@ def once(binary, store):
             coldstart.wait_quiet()
             coldstart.drop_caches()
             t = time.perf_counter()
-            d.mount(IMAGE, "s")
+            d.mount(image, "s")
             wall = (time.perf_counter() - t) * 1e3
         finally:
             d.stop()
@@ -54,7 +54,8 @@ def main():
     for r in range(rounds):
         for name, spec in arms:
             binary, store = spec.split("@", 1)
-            meta, wall = once(binary, store)
+            store, _, image = store.partition("#")
+            meta, wall = once(binary, store, image or IMAGE)
             got[name].append((meta, wall))
             print(f"round {r} {name}: metadata {meta:.1f} ms, mount {wall:.1f} ms", flush=True)
     for name, v in got.items():

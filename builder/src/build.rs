@@ -45,12 +45,23 @@ use crate::tree::{FileData, Meta, NodeId, NodeKind, Tree, OPAQUE_XATTR};
 const STREAM_REORDER_MAX: u64 = 64 << 20;
 /// Default chunk size: 1 MiB.
 pub const DEFAULT_CHUNK_SIZE: u64 = 1 << 20;
-/// Files up to this size are stored inside the metadata.
+/// Files up to this size are stored inside the metadata, unless rarely read ([`inlined`]).
 pub const DEFAULT_INLINE_MAX: u64 = 2048;
 /// Files below this size are grouped with their neighbours into one compressed frame.
 const GROUP_FILE_MAX: u64 = 64 << 10;
 /// Uncompressed bytes of a group frame.
 const GROUP_TARGET: usize = 128 << 10;
+
+/// Whether a regular file of `size` bytes at `path` is stored inside the metadata: an empty one, and
+/// one of at most `inline_max` bytes that programs read at run time. Small files rarely read — below
+/// `tests`, documentation, translations, headers, type stubs ([`layout::classify`]'s cold class,
+/// judged by the path alone, whatever `--layout`) — go to chunks in the blob instead, grouped with
+/// their neighbours: every node fetches, decompresses, checks and writes a layer's whole metadata
+/// before its first mount, and on the fat image such files were 10.8 of the 13.9 MB of inline data
+/// (18.9 MB of metadata in all), read by almost no sandbox.
+pub fn inlined(path: &[u8], size: u64, inline_max: u64) -> bool {
+    size == 0 || (size <= inline_max && layout::classify(path) != Class::Cold)
+}
 
 /// How to build a layer.
 #[derive(Clone)]
@@ -241,7 +252,7 @@ impl LayerBuilder {
         if self.opts.layout == Layout::RunFirst {
             self.compiled.note(path);
         }
-        if size <= self.opts.inline_max {
+        if inlined(path, size, self.opts.inline_max) {
             let mut bytes = Vec::with_capacity(size as usize);
             match data {
                 FileSource::Path { path: p, .. } => {

@@ -232,3 +232,53 @@ fn zstd_fast_levels_build_and_read_back_and_other_levels_are_refused() {
     }
     assert_eq!(back, text, "the file reads back from its fast-level frames");
 }
+
+/// Small files a program reads at run time are stored inside the metadata; small files rarely read
+/// (tests, documentation, headers, stubs) go to the blob, grouped; empty files are always inside. The
+/// rule follows the path alone: the layer's identity does not depend on `--layout`.
+#[test]
+fn small_files_rarely_read_are_not_inlined() {
+    let small = |tag: &str| tag.repeat(40).into_bytes();
+    let files = [
+        ("pkg/__pycache__/mod.cpython-311.pyc", small("bytecode ")),
+        ("etc/app.conf", small("setting ")),
+        ("pkg/tests/test_mod.py", small("a test ")),
+        ("usr/share/doc/pkg/copyright", small("copyright ")),
+        ("usr/include/pkg.h", small("header ")),
+        ("pkg/mod.pyi", small("stub ")),
+        ("pkg/tests/empty", Vec::new()),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (p, content) in &files {
+        let p = dir.path().join(p);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&p, content).expect("write");
+    }
+    let src = |tar: bool| match tar {
+        false => Src::Dir(dir.path()),
+        true => Src::Tar,
+    };
+    for tar in [false, true] {
+        let (digest, chunks) = build_chunks(src(tar), &files, Layout::RunFirst, DEFAULT_CHUNK_SIZE);
+        let in_blob = |p: &str| {
+            let content = &files.iter().find(|f| f.0 == p).expect("file").1;
+            chunks.contains(&Digest::of(content))
+        };
+        for p in ["pkg/__pycache__/mod.cpython-311.pyc", "etc/app.conf"] {
+            assert!(!in_blob(p), "{p} is read at run time: inline");
+        }
+        for p in [
+            "pkg/tests/test_mod.py",
+            "usr/share/doc/pkg/copyright",
+            "usr/include/pkg.h",
+            "pkg/mod.pyi",
+        ] {
+            assert!(in_blob(p), "{p} is rarely read: in the blob");
+        }
+        assert_eq!(chunks.len(), 4, "the empty file has no chunk");
+        let (source, _) = build_chunks(src(tar), &files, Layout::Source, DEFAULT_CHUNK_SIZE);
+        assert_eq!(source, digest, "the layout changes placement only");
+    }
+    assert!(inlined(b"pkg/tests/empty", 0, DEFAULT_INLINE_MAX));
+    assert!(!inlined(b"etc/big.conf", 4096, DEFAULT_INLINE_MAX));
+}
