@@ -57,6 +57,28 @@ pub fn frames(data: &[u8]) {
     if let Ok(out) = crate::store::frames::decompress(z, MAX_FRAME as u64) {
         assert!(out.len() <= MAX_FRAME);
     }
+    unpacked(z, len);
+}
+
+/// A metadata stream unpacked into a memory file as it would arrive from a store, in pieces of up to
+/// `piece` bytes: what the unpacker says it wrote is what the file holds, within the bound.
+fn unpacked(z: &[u8], piece: usize) {
+    use crate::store::unpack::{unpack_into, Unpacked};
+    let Ok(fd) = rustix::fs::memfd_create("strata-fuzz-unpack", rustix::fs::MemfdFlags::CLOEXEC)
+    else {
+        return;
+    };
+    let file = std::fs::File::from(fd);
+    let read = |sink: &mut dyn FnMut(&[u8])| {
+        z.chunks(piece.max(1)).for_each(sink);
+        Ok::<(), ()>(())
+    };
+    if let Ok(Unpacked::Written { len, digest }) = unpack_into(MAX_FRAME as u64, &file, read) {
+        let mut back = Vec::new();
+        std::io::Read::read_to_end(&mut &file, &mut back).expect("read the memory file");
+        assert!(len <= MAX_FRAME as u64 && back.len() as u64 == len);
+        assert_eq!(digest, crate::digest::Digest::of(&back));
+    }
 }
 
 /// Names as a client or a store gives them: image references and tag names.
