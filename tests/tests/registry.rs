@@ -245,6 +245,38 @@ fn bearer_token_flow() {
     );
 }
 
+/// An import of a tag the registry does not have exits 3, naming the registry, the image and its answer.
+fn an_unknown_tag_is_named_with_the_registrys_answer(store: &StoreEnv, host: &str) {
+    let o = store.run(&[
+        "import",
+        &format!("docker://{host}/bad/img:nope"),
+        "-t",
+        "b:x",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains(host)
+            && e.contains("bad/img")
+            && e.contains("404")
+            && e.contains("MANIFEST_UNKNOWN"),
+        "{e}"
+    );
+}
+
+/// The raw manifest of `image` (a `docker://` reference) and its digest, as skopeo reads them.
+fn manifest_of(image: &str) -> (serde_json::Value, String) {
+    let manifest = json(&run(
+        "skopeo",
+        &["inspect", "--raw", "--tls-verify=false", image],
+    ));
+    let digest = json(&run("skopeo", &["inspect", "--tls-verify=false", image]))["Digest"]
+        .as_str()
+        .expect("digest")
+        .to_string();
+    (manifest, digest)
+}
+
 #[test]
 fn corrupt_blobs_and_unknown_images_are_refused() {
     let Some(Pushed {
@@ -258,44 +290,9 @@ fn corrupt_blobs_and_unknown_images_are_refused() {
         return;
     };
     let host = reg.host();
-
-    let o = store.run(&[
-        "import",
-        &format!("docker://{host}/bad/img:nope"),
-        "-t",
-        "b:x",
-    ]);
-    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
-    let e = stderr(&o);
-    assert!(
-        e.contains(&host)
-            && e.contains("bad/img")
-            && e.contains("404")
-            && e.contains("MANIFEST_UNKNOWN"),
-        "{e}"
-    );
-
+    an_unknown_tag_is_named_with_the_registrys_answer(&store, &host);
     // Flip bytes of the third layer's blob in the registry's storage: same size, other digest.
-    let manifest: serde_json::Value = json(&run(
-        "skopeo",
-        &[
-            "inspect",
-            "--raw",
-            "--tls-verify=false",
-            &format!("docker://{host}/bad/img:v1"),
-        ],
-    ));
-    let manifest_digest = json(&run(
-        "skopeo",
-        &[
-            "inspect",
-            "--tls-verify=false",
-            &format!("docker://{host}/bad/img:v1"),
-        ],
-    ))["Digest"]
-        .as_str()
-        .expect("digest")
-        .to_string();
+    let (manifest, manifest_digest) = manifest_of(&format!("docker://{host}/bad/img:v1"));
     // Rewrites a blob in the registry's storage (same length, other bytes).
     let tamper = |digest: &str, f: &dyn Fn(&mut Vec<u8>)| {
         let path = reg.blob_path(digest);

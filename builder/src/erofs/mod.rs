@@ -155,9 +155,8 @@ pub(crate) mod tests {
         }
     }
 
-    /// A tree with every kind of node, hard links, xattrs of each prefix and an orphan.
-    pub(crate) fn sample_tree(chunks: &mut Chunks) -> Tree {
-        let mut t = Tree::new();
+    /// Metadata with an xattr of each prefix (one empty, one long).
+    fn meta_with_xattrs() -> Meta {
         let mut m = meta(0o755);
         m.xattrs = vec![
             (
@@ -173,6 +172,13 @@ pub(crate) mod tests {
             (b"user.empty".to_vec(), Vec::new()),
             (b"user.k".to_vec(), vec![0xAB; 300]),
         ];
+        m
+    }
+
+    /// A tree with every kind of node, hard links, xattrs of each prefix and an orphan.
+    pub(crate) fn sample_tree(chunks: &mut Chunks) -> Tree {
+        let mut t = Tree::new();
+        let m = meta_with_xattrs();
         t.insert(b"", m.clone(), NodeKind::Dir(BTreeMap::new()))
             .expect("root");
         t.insert(b"etc", meta(0o755), NodeKind::Dir(BTreeMap::new()))

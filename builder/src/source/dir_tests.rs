@@ -84,10 +84,10 @@ fn walk(root: &Path) -> Rec {
     rec
 }
 
-#[test]
-fn every_kind_of_entry_with_its_metadata() {
-    let (_t, root) = tmp();
-    setxattr(&root, c"user.root", b"r");
+/// Makes one entry of every kind under `root`, with metadata to check: returns the paths of the
+/// regular file `a.txt` and of the sparse file.
+fn every_kind_of_entry(root: &Path) -> (PathBuf, PathBuf) {
+    setxattr(root, c"user.root", b"r");
     let a = root.join("a.txt");
     std::fs::write(&a, b"hello").unwrap();
     check(
@@ -131,9 +131,18 @@ fn every_kind_of_entry_with_its_metadata() {
             "mknod",
         );
     }
-    let _sock = std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
+    let sock = std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
     std::fs::write(root.join(OsStr::from_bytes(b"name-\xff\xfe")), b"odd").unwrap();
+    // A socket's entry outlives its listener.
+    drop(sock);
+    (a, sparse)
+}
 
+#[test]
+fn every_kind_of_entry_with_its_metadata() {
+    let (_t, root) = tmp();
+    let (a, sparse) = every_kind_of_entry(&root);
+    let target: &[u8] = b"../\xff\xfe/target";
     let rec = walk(&root);
     let got: Vec<(&[u8], EntryKind)> = rec
         .entries
