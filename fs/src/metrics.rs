@@ -78,6 +78,7 @@ pub struct Metrics {
     errors: Family<KindLabel, Counter>,
     latency: Histogram,
     waits: Family<OutcomeLabel, Histogram, fn() -> Histogram>,
+    layer_fetches: Histogram,
     pub reads: AtomicU64,
     pub read_bytes: AtomicU64,
     /// Fetched bytes by the sandbox whose read missed.
@@ -94,6 +95,7 @@ impl Default for Metrics {
             errors: Family::default(),
             latency: histogram(),
             waits: Family::new_with_constructor(histogram),
+            layer_fetches: histogram(),
             reads: AtomicU64::new(0),
             read_bytes: AtomicU64::new(0),
             attribution: Default::default(),
@@ -150,6 +152,11 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// A layer fetched for a mount (its descriptor, metadata and tables of contents) in `took`.
+    pub fn layer_fetched(&self, took: Duration) {
+        self.layer_fetches.observe(took.as_secs_f64());
+    }
+
     /// A read of `n` bytes served.
     pub fn served(&self, n: usize) {
         self.reads.fetch_add(1, Ordering::Relaxed);
@@ -202,6 +209,11 @@ impl Metrics {
             "strata_read_wait_seconds",
             "How long readers waited for chunks not in the cache, by whether the reader fetched (led) or waited for another fetch (joined)",
             self.waits.clone(),
+        );
+        r.register(
+            "strata_layer_fetch_seconds",
+            "Fetching a layer for its first mount on this node: its descriptor, metadata and tables of contents",
+            self.layer_fetches.clone(),
         );
         r.register("strata_errors", "Errors by kind", self.errors.clone());
         let total = |r: &mut Registry, name: &str, help: &str, v: u64| {
@@ -289,6 +301,7 @@ mod tests {
         m.waited(Wait::Joined, Duration::from_millis(3));
         m.error("corrupt");
         m.served(4096);
+        m.layer_fetched(Duration::from_millis(30));
         let node = NodeGauges {
             cache_bytes: 7,
             prefetch_bytes: 9,
@@ -305,6 +318,7 @@ mod tests {
             "strata_read_wait_seconds_bucket{le=\"0.001\",outcome=\"led\"} 1".into(),
             "strata_read_wait_seconds_bucket{le=\"0.001\",outcome=\"joined\"} 0".into(),
             "strata_read_wait_seconds_count{outcome=\"joined\"} 1".into(),
+            "strata_layer_fetch_seconds_count 1".into(),
             "strata_errors_total{kind=\"corrupt\"} 1".into(),
             "strata_reads_total 1".into(),
             "strata_read_bytes_total 4096".into(),

@@ -194,6 +194,15 @@ impl Daemon {
         self.store.run(&full)
     }
 
+    /// stratad's `/metrics` text.
+    pub fn metrics(&self) -> String {
+        let client = strata_api::Client {
+            socket: self.socket.clone(),
+        };
+        let text = client.call("GET", "/metrics", None).expect("GET /metrics");
+        text.as_str().expect("metrics are text").to_string()
+    }
+
     /// Like [`Self::strata`], panicking on failure; returns standard output.
     pub fn ok(&self, args: &[&str]) -> String {
         let out = self.strata(args);

@@ -329,6 +329,15 @@ impl StoreEnv {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
+    /// Builds directory `src` as a workspace layer on image `base` and tags `base` with it on top as
+    /// `tag`; returns the layer's digest.
+    pub fn workspace_image(&self, src: &Path, base: &str, tag: &str) -> String {
+        let src = src.to_str().expect("utf8");
+        let layer = self.ok(&["build", src, "--kind", "workspace", "--on", base]);
+        self.ok(&["compose", "--base", base, "--workspace", &layer, "-t", tag]);
+        layer
+    }
+
     /// Opens the store in-process (for library-level checks).
     pub fn open(&self) -> strata_registry::store::Store {
         for (k, v) in &self.env {

@@ -143,11 +143,7 @@ fn fetches_are_charged_to_the_reader(sb1: &serde_json::Value, status: &serde_jso
 
 /// Every read that fetched a chunk itself is one miss and one `led` wait in `/metrics`.
 fn reads_waits_are_measured(d: &Daemon) {
-    let client = strata_api::Client {
-        socket: d.socket.clone(),
-    };
-    let metrics = client.call("GET", "/metrics", None).expect("GET /metrics");
-    let text = metrics.as_str().expect("metrics are text");
+    let text = d.metrics();
     let sum = |prefix: &str| -> u64 {
         text.lines()
             .filter(|l| l.starts_with(prefix))
@@ -371,11 +367,7 @@ fn corrupted_blob_gives_eio_never_wrong_bytes() {
     let err = r.expect_err("corrupt data was served");
     assert_eq!(err.raw_os_error(), Some(libc::EIO));
     // The failure is counted, through the control socket's /metrics.
-    let client = strata_api::Client {
-        socket: d.socket.clone(),
-    };
-    let metrics = client.call("GET", "/metrics", None).expect("GET /metrics");
-    let text = metrics.as_str().expect("metrics are text");
+    let text = d.metrics();
     assert!(
         text.contains("strata_errors_total{kind=\"corrupt\"}"),
         "{text}"
@@ -466,10 +458,7 @@ fn reads_go_on_when_the_cache_disk_is_full() {
     let mut d = Daemon::start_in(&store, state, &["--max-fetch-span", "256K"]);
     let rootfs = d.ok(&["mount", "full:v1", "--sandbox", "f1"]);
     let got = std::fs::read(Path::new(&rootfs).join("data/big.bin"));
-    let client = strata_api::Client {
-        socket: d.socket.clone(),
-    };
-    let metrics = client.call("GET", "/metrics", None).expect("GET /metrics");
+    let text = d.metrics();
     d.stop();
     drop(small);
     match fanotify {
@@ -482,7 +471,6 @@ fn reads_go_on_when_the_cache_disk_is_full() {
         ),
         false => assert_eq!(got.expect("read with the cache disk full"), data),
     }
-    let text = metrics.as_str().expect("metrics are text");
     assert!(
         text.contains("strata_errors_total{kind=\"cache\"}"),
         "no cache error counted:\n{text}"
@@ -713,4 +701,56 @@ fn a_miss_also_fetches_its_directorys_small_files_with_max_fetch_group() {
         (1, 8),
         "chunks cached without and with the group"
     );
+}
+
+/// A burst of sandboxes of two images that share a base layer: each sandbox sees its own image, each
+/// of the three layers is mounted once and fetched once (the layers of one image side by side, one
+/// layer once however many sandboxes ask for it at the same moment).
+#[test]
+fn a_burst_of_sandboxes_fetches_each_layer_once() {
+    if !have(&[Need::Mount]) {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    build_image(&store, "base:v1", &[("base.bin", random_bytes(2 << 20, 7))]);
+    for name in ["a", "b"] {
+        let ws = scratch("ws");
+        std::fs::create_dir_all(ws.path().join("work")).expect("mkdir");
+        std::fs::write(ws.path().join("work/name"), name).expect("write");
+        store.workspace_image(ws.path(), "base:v1", &format!("{name}:v1"));
+    }
+    let mut d = Daemon::start(&store, &[]);
+    let roots: Vec<(&str, String)> = std::thread::scope(|s| {
+        let d = &d;
+        let made: Vec<_> = (0..8)
+            .map(|i| {
+                let image = ["a", "b"][i % 2];
+                s.spawn(move || {
+                    let sandbox = format!("s{i}");
+                    (
+                        image,
+                        d.ok(&["mount", &format!("{image}:v1"), "--sandbox", &sandbox]),
+                    )
+                })
+            })
+            .collect();
+        made.into_iter().map(|h| h.join().expect("mount")).collect()
+    });
+    for (image, root) in &roots {
+        let root = Path::new(root);
+        let name = std::fs::read_to_string(root.join("work/name")).expect("work/name");
+        assert_eq!(name, *image, "{}", root.display());
+        let base = std::fs::metadata(root.join("data/base.bin")).expect("base.bin");
+        assert_eq!(base.len(), 2 << 20);
+    }
+    let ps = json(&d.ok(&["ps", "--json"]));
+    let layers = ps["status"]["layers"].as_array().expect("layers");
+    let mut refs: Vec<u64> = layers.iter().filter_map(|l| l["refs"].as_u64()).collect();
+    refs.sort_unstable();
+    assert_eq!(refs, [4, 4, 8], "{}", ps["status"]);
+    let text = d.metrics();
+    let fetches = "strata_layer_fetch_seconds_count 3";
+    assert!(text.lines().any(|l| l == fetches), "{text}");
+    assert_eq!(d.stop(), Vec::<String>::new(), "mounts left behind");
 }

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use strata_prefetch::{PlanEntry, WarmOptions};
 use strata_registry::digest::Digest;
-use strata_registry::model::{BlobRef, LayerDescriptor, Manifest, Reference};
+use strata_registry::model::{Manifest, Reference};
 use strata_registry::store::{Store, StoreError};
 
 use crate::blobfs::{BlobFs, BlobTable, InoCollision};
@@ -39,7 +39,7 @@ use crate::control::loops::Loops;
 use crate::control::modes::{ModeError, ModeReport, MountMode};
 use crate::control::state::{NodeState, StateError};
 use crate::control::trees::{Kept, Trees};
-use crate::fetch::{BlobHandle, Fetcher};
+use crate::fetch::Fetcher;
 use crate::fuse::session::{Options, Session};
 use crate::fuse::Channel;
 use crate::metadir;
@@ -147,7 +147,7 @@ impl DaemonError {
     }
 }
 
-fn io(path: &Path, source: std::io::Error) -> DaemonError {
+pub(crate) fn io(path: &Path, source: std::io::Error) -> DaemonError {
     DaemonError::Io {
         path: path.to_path_buf(),
         source,
@@ -185,8 +185,11 @@ pub struct Daemon {
     pub(crate) table: Arc<BlobTable>,
     pub(crate) state: Mutex<State>,
     pub(crate) node: NodeState,
-    /// Serializes mounting new layers (not sandboxes of mounted layers).
+    /// Serializes serving and mounting new layers (not their fetches: [`crate::control::acquire`]).
     pub(crate) layer_lock: Mutex<()>,
+    /// One fetch per layer, and one per blob's table of contents, at a time.
+    pub(crate) layer_flights: super::flights::Flights,
+    pub(crate) blob_flights: super::flights::Flights,
     fuse: Mutex<Option<Session>>,
     chan: Arc<Channel>,
     pub(crate) warming: Warming,
@@ -371,6 +374,8 @@ impl Daemon {
             table,
             state: Mutex::new(State::default()),
             layer_lock: Mutex::new(()),
+            layer_flights: Default::default(),
+            blob_flights: Default::default(),
             fuse: Mutex::new(None),
             chan,
             adopted,
@@ -440,158 +445,41 @@ impl Daemon {
         Ok((d, m))
     }
 
-    /// Mounts a layer if needed and takes a reference; returns its mount point and stored bytes.
-    pub(crate) fn acquire_layer(&self, d: &Digest) -> Result<(PathBuf, u64), DaemonError> {
-        let take = |st: &mut State| {
-            st.layers.get_mut(d).map(|l| {
-                l.refs += 1;
-                (l.path.clone(), l.bytes)
-            })
-        };
-        if let Some(found) = take(&mut self.lock()) {
-            return Ok(found);
-        }
-        let _g = self.layer_lock.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(found) = take(&mut self.lock()) {
-            return Ok(found);
-        }
-        let started = std::time::Instant::now();
-        let (desc, meta_path) = self.fetch_layer(d)?;
-        let bytes = desc.meta.size + desc.blobs.iter().map(|b| b.size).sum::<u64>();
-        let fetched = started.elapsed();
-        let blobs: Vec<Digest> = desc.blobs.iter().map(|b| b.digest).collect();
-        let target = self.config.runtime_dir.join("layers").join(d.hex());
-        std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
-        self.mount_layer(d, &meta_path, &blobs, &target)?;
-        tracing::debug!(layer = %d, fetched_ms = fetched.as_millis() as u64,
-            mounted_ms = started.elapsed().as_millis() as u64, "layer mounted");
-        self.lock().layers.insert(
-            *d,
-            LayerMount {
-                refs: 1,
-                path: target.clone(),
-                bytes,
-                blobs,
-            },
-        );
-        Ok((target, bytes))
-    }
-
-    /// Where layer `d`'s metadata is kept on this node.
-    pub(crate) fn meta_path(&self, d: &Digest) -> PathBuf {
-        self.config
-            .state_dir
-            .join("layers")
-            .join(format!("{}.erofs", d.hex()))
-    }
-
-    /// The blob file of blob `d` on the blob server's mount.
-    pub(crate) fn blob_path(&self, d: &Digest) -> PathBuf {
-        self.config.runtime_dir.join("fuse/blobs").join(d.hex())
-    }
-
-    /// Makes a layer servable: its metadata fetched (verified) to local disk, its descriptor kept, its
-    /// blobs served by the blob server. Callers hold `layer_lock`. Returns the descriptor and the
-    /// metadata's path.
-    pub(crate) fn fetch_layer(
-        &self,
-        d: &Digest,
-    ) -> Result<(LayerDescriptor, PathBuf), DaemonError> {
-        let desc = self.store.get_layer(d)?;
-        let meta_path = self.meta_path(d);
-        // The metadata and the blobs' tables of contents are fetched at once: over a slow link each is a
-        // round trip or more, and the mount needs them all.
-        let (meta, tocs) = std::thread::scope(|s| {
-            let tocs: Vec<_> = desc
-                .blobs
-                .iter()
-                .filter(|b| !self.table.contains(&b.digest))
-                .map(|b| s.spawn(move || self.blob_handle(b)))
-                .collect();
-            let meta = self.fetch_meta(&desc.meta.digest, &meta_path);
-            let tocs: Result<Vec<BlobHandle>, DaemonError> = tocs
-                .into_iter()
-                .map(|h| match h.join() {
-                    Ok(r) => r,
-                    Err(_) => Err(DaemonError::Metadata(
-                        "table of contents fetch panicked".into(),
-                    )),
-                })
-                .collect();
-            (meta, tocs)
-        });
-        meta?;
-        // Kept before the mount: a successor must be able to serve every mounted layer's blobs.
-        self.node.save_layer(d, &desc)?;
-        for h in tocs? {
-            self.table.add(h)?;
-        }
-        Ok((desc, meta_path))
-    }
-
-    /// A blob ready to serve: its table of contents as the node kept it (verified against its digest),
-    /// else fetched from the store and kept, so that a successor can serve it without the store.
-    pub(crate) fn blob_handle(&self, b: &BlobRef) -> Result<BlobHandle, DaemonError> {
-        if let Some(toc) = self.node.toc(b) {
-            return Ok(BlobHandle::new(b, toc));
-        }
-        // Kept as stored (pieces and all): the handle holds it as units.
-        let toc = self.store.get_toc(b)?;
-        self.node.save_toc(b, &toc)?;
-        Ok(BlobHandle::new(b, toc))
-    }
-
-    /// A layer's metadata image at `path`, verified: reused if already there and intact, else fetched.
-    fn fetch_meta(&self, digest: &Digest, path: &Path) -> Result<(), DaemonError> {
-        if std::fs::read(path).is_ok_and(|b| digest.matches(&b)) {
-            metadir::touch(path);
-            return Ok(());
-        }
-        let t = std::time::Instant::now();
-        let tmp = path.with_extension("tmp");
-        // Root's only: layer metadata names every file of the image.
-        use std::os::unix::fs::OpenOptionsExt;
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| io(&tmp, e))?;
-        // A temporary file a crash left keeps its mode: set it.
-        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .map_err(|e| io(&tmp, e))?;
-        // Written and checked frame by frame; renamed into place only once checked whole.
-        let len = self.store.get_meta_into(digest, &f, &tmp)?;
-        drop(f);
-        std::fs::rename(&tmp, path).map_err(|e| io(path, e))?;
-        tracing::debug!(meta = %digest, bytes = len, ms = t.elapsed().as_secs_f64() * 1e3,
-            "layer metadata fetched");
-        Ok(())
-    }
-
     /// Drops a reference to a layer; unmounts it when unused.
     pub(crate) fn release_layer(&self, d: &Digest) {
-        let path = {
-            let mut st = self.lock();
-            let Some(l) = st.layers.get_mut(d) else {
-                return;
-            };
+        let drop_ref = |st: &mut State| {
+            let l = st.layers.get_mut(d)?;
             l.refs -= 1;
-            if l.refs > 0 {
-                return;
+            match l.refs {
+                0 => st.layers.remove(d).map(|l| l.path),
+                _ => None,
             }
-            st.layers.remove(d).map(|l| l.path)
         };
-        if let Some(p) = path {
-            if let Err(e) = mount::unmount(&p, true) {
-                tracing::warn!(error = %e, "releasing layer");
+        {
+            let mut st = self.lock();
+            match st.layers.get(d) {
+                None => return,
+                Some(l) if l.refs > 1 => {
+                    drop_ref(&mut st);
+                    return;
+                }
+                Some(_) => {}
             }
-            self.trees.remove(d);
-            let _ = std::fs::remove_dir(&p);
-            self.trim_metadata();
-            self.trim_views();
         }
+        // The last reference goes under the layer's flight: an acquirer that finds the layer gone waits
+        // until it is unmounted (unmounted after, its new mount at the same path would be detached).
+        let flight = self.layer_flights.enter(d);
+        let Some(p) = drop_ref(&mut self.lock()) else {
+            return;
+        };
+        if let Err(e) = mount::unmount(&p, true) {
+            tracing::warn!(error = %e, "releasing layer");
+        }
+        self.trees.remove(d);
+        let _ = std::fs::remove_dir(&p);
+        drop(flight);
+        self.trim_metadata();
+        self.trim_views();
     }
 
     /// Trims the layer metadata kept on disk to its bound, keeping every layer in use (mounted, or

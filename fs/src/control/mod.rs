@@ -3,7 +3,8 @@
 //! The [`daemon`] owns the node: its configuration ([`config`]), the store, the chunk cache and fetcher it hands to
 //! the data plane, and the node state ([`state`]) — sandboxes and layer mounts on disk, so a successor
 //! serving the same FUSE connection, or a daemon restarted after the node died, knows every sandbox.
-//! On top of it: [`sandboxes`] (an overlay of an image's layers per sandbox), [`teardown`] (stopping
+//! On top of it: [`acquire`] (layers fetched once each and side by side, then mounted), [`sandboxes`]
+//! (an overlay of an image's layers per sandbox), [`teardown`] (stopping
 //! and removing many at once), [`layers`] (layer mounts alone, under named holds: what a containerd
 //! snapshotter uses), [`vm`] (the same layers served to microVMs as drive files), [`perms`] (who may
 //! reach the socket and the blob files), [`fetched`] (bytes fetched per sandbox, kept in its record).
@@ -18,10 +19,12 @@
 //! `crate::treefs`, `crate::fetch`, `crate::cache`, `crate::mount`, ...); the data plane never names
 //! anything here. The test below reads the sources to keep it so.
 
+pub mod acquire;
 pub mod api;
 pub mod config;
 pub mod daemon;
 pub mod fetched;
+pub(crate) mod flights;
 pub mod layers;
 pub mod loops;
 pub mod modes;

@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use strata_registry::digest::Digest;
-use strata_registry::model::ManifestLayer;
 
 use crate::control::daemon::{detach, valid_id, Daemon, DaemonError, LayerMount};
 use crate::control::state::{self, Sandbox, SandboxState};
@@ -151,7 +150,7 @@ impl Daemon {
         }
         // The plan's lookup overlaps the layers' fetch and mount.
         self.warming.sandbox_requested(&manifest);
-        let (mut lowers, acquired, image_bytes) = self.acquire_all(&m.layers)?;
+        let (mut lowers, acquired, image_bytes) = self.acquire_layers(&m.layers)?;
         let rootfs = self
             .config
             .runtime_dir
@@ -237,29 +236,6 @@ impl Daemon {
             self.trash.discard(d).map_err(|e| io(d, e))?;
         }
         Ok(())
-    }
-
-    /// Mounts (or takes another reference to) each of an image's layers, bottom first: their mount
-    /// points, their digests and their stored bytes. On a failure none stays acquired.
-    fn acquire_all(
-        &self,
-        layers: &[ManifestLayer],
-    ) -> Result<(Vec<PathBuf>, Vec<Digest>, u64), DaemonError> {
-        let (mut lowers, mut acquired, mut bytes) = (Vec::new(), Vec::new(), 0);
-        for l in layers {
-            match self.acquire_layer(&l.digest) {
-                Ok((p, b)) => {
-                    lowers.push(p);
-                    acquired.push(l.digest);
-                    bytes += b;
-                }
-                Err(e) => {
-                    self.release_all(&acquired);
-                    return Err(e);
-                }
-            }
-        }
-        Ok((lowers, acquired, bytes))
     }
 
     fn release_all(&self, layers: &[Digest]) {

@@ -345,11 +345,13 @@ impl Daemon {
         if take(&mut self.lock()) {
             return Ok(());
         }
-        let _g = self.layer_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _flight = self.layer_flights.enter(d);
         if take(&mut self.lock()) {
             return Ok(());
         }
-        let (desc, meta) = self.fetch_layer(d)?;
+        let fetched = self.fetch_layer(d)?;
+        let _g = self.layer_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let (desc, meta) = self.serve_fetched(d, fetched)?;
         self.table.metas.add(d, &meta).map_err(|e| io(&meta, e))?;
         self.lock().vm_layers.insert(
             *d,
