@@ -59,7 +59,7 @@ const GROUP_TARGET: usize = 128 << 10;
 /// their neighbours: every node fetches, decompresses, checks and writes a layer's whole metadata
 /// before its first mount, and on the fat image such files were 10.8 of the 13.9 MB of inline data
 /// (18.9 MB of metadata in all), read by almost no sandbox.
-pub fn inlined(path: &[u8], size: u64, inline_max: u64) -> bool {
+pub(crate) fn inlined(path: &[u8], size: u64, inline_max: u64) -> bool {
     size == 0 || (size <= inline_max && layout::classify(path) != Class::Cold)
 }
 

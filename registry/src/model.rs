@@ -135,6 +135,11 @@ pub struct LayerDescriptor {
 }
 
 impl LayerDescriptor {
+    /// Bytes the store keeps for the layer: its metadata object and its blobs.
+    pub fn stored_bytes(&self) -> u64 {
+        self.meta.size + self.blobs.iter().map(|b| b.size).sum::<u64>()
+    }
+
     /// The config the layer declares (empty if none).
     pub fn declared(&self) -> LayerConfig {
         self.config.as_deref().cloned().unwrap_or_default()

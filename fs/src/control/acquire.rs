@@ -105,10 +105,9 @@ impl Daemon {
         let started = std::time::Instant::now();
         let fetched = self.fetch_layer(d)?;
         let fetched_in = started.elapsed();
-        self.metrics.layer_fetched(fetched_in);
         let _g = self.layer_lock.lock().unwrap_or_else(|p| p.into_inner());
         let (desc, meta_path) = self.serve_fetched(d, fetched)?;
-        let bytes = desc.meta.size + desc.blobs.iter().map(|b| b.size).sum::<u64>();
+        let bytes = desc.stored_bytes();
         let blobs: Vec<Digest> = desc.blobs.iter().map(|b| b.digest).collect();
         let target = self.config.runtime_dir.join("layers").join(d.hex());
         std::fs::create_dir_all(&target).map_err(|e| io(&target, e))?;
@@ -144,6 +143,7 @@ impl Daemon {
     /// contents of its blobs not served yet, the last two at once (over a slow link each is a round
     /// trip or more, and the mount needs them all). Callers hold the layer's flight.
     pub(crate) fn fetch_layer(&self, d: &Digest) -> Result<Fetched, DaemonError> {
+        let started = std::time::Instant::now();
         let desc = self.store.get_layer(d)?;
         let meta = self.meta_path(d);
         let (fetched_meta, handles) = std::thread::scope(|s| {
@@ -166,10 +166,12 @@ impl Daemon {
             (fetched_meta, handles)
         });
         fetched_meta?;
+        let handles = handles?;
+        self.metrics.layer_fetched(started.elapsed());
         Ok(Fetched {
             desc,
             meta,
-            handles: handles?,
+            handles,
         })
     }
 

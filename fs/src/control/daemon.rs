@@ -455,16 +455,13 @@ impl Daemon {
                 _ => None,
             }
         };
-        {
-            let mut st = self.lock();
-            match st.layers.get(d) {
-                None => return,
-                Some(l) if l.refs > 1 => {
-                    drop_ref(&mut st);
-                    return;
-                }
-                Some(_) => {}
+        match self.lock().layers.get_mut(d) {
+            None => return,
+            Some(l) if l.refs > 1 => {
+                l.refs -= 1;
+                return;
             }
+            Some(_) => {}
         }
         // The last reference goes under the layer's flight: an acquirer that finds the layer gone waits
         // until it is unmounted (unmounted after, its new mount at the same path would be detached).

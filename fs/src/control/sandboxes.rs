@@ -413,7 +413,7 @@ impl Daemon {
             }
             self.table.add(self.blob_handle(b)?)?;
         }
-        let bytes = desc.meta.size + desc.blobs.iter().map(|b| b.size).sum::<u64>();
+        let bytes = desc.stored_bytes();
         Ok((desc.blobs.iter().map(|b| b.digest).collect(), bytes))
     }
 }

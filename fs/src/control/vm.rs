@@ -358,7 +358,7 @@ impl Daemon {
             VmLayer {
                 refs: 1,
                 blobs: desc.blobs.iter().map(|b| b.digest).collect(),
-                bytes: desc.meta.size + desc.blobs.iter().map(|b| b.size).sum::<u64>(),
+                bytes: desc.stored_bytes(),
             },
         );
         Ok(())

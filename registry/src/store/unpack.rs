@@ -78,13 +78,18 @@ pub fn unpack_into<E>(
     };
     let mut split = Splitter::new(limit);
     let mut split_failed = None;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let read = std::thread::scope(|s| {
-        for _ in 0..std::thread::available_parallelism().map_or(1, |n| n.get()) {
-            s.spawn(|| workers.run());
-        }
+        // A worker starts with a frame to do, up to one per core: a stream that is not laid out in
+        // frames (a small layer's single frame, a patch) starts none.
+        let mut started = 0;
         let read = read(&mut |piece| {
             if split_failed.is_none() && !workers.stop.load(Ordering::Relaxed) {
                 let dispatch = &mut |job| {
+                    if started < cores {
+                        s.spawn(|| workers.run());
+                        started += 1;
+                    }
                     // Only a worker that has stopped drops its receiver: the failure is recorded.
                     let _ = tx.send(job);
                 };
