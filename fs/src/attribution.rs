@@ -12,7 +12,8 @@
 //! request), which waits for a store round trip anyway.
 //!
 //! What is counted, exactly: the compressed bytes of the store ranges a miss requested (the missed chunk's
-//! frame and the frames fetched with it: the span after it, and before it with `max_fetch_behind`), once,
+//! frame and the frames fetched with it: the span after it, before it with `max_fetch_behind`, and what
+//! the streamer fetches after it with `max_fetch_stream`), once,
 //! charged to the first reader that missed. A chunk already cached or already on its way for another
 //! reader costs the second reader nothing. Not charged to any sandbox (reported in the status as
 //! `fetched_unattributed`): reads by processes whose root is no running sandbox's (the host reading a
@@ -68,6 +69,12 @@ pub fn with_reader<T>(pid: u32, f: impl FnOnce() -> T) -> T {
     let out = f();
     READER.with(|r| r.set(before));
     out
+}
+
+/// The process the current request is made for (0: none), for work done for it later on another
+/// thread ([`with_reader`] there).
+pub fn reader() -> u32 {
+    READER.with(|r| r.get().0)
 }
 
 /// The current reader's pid (0: none) and root: looked up at the first charge of a request and kept

@@ -79,6 +79,7 @@ pub struct Metrics {
     latency: Histogram,
     waits: Family<OutcomeLabel, Histogram, fn() -> Histogram>,
     layer_fetches: Histogram,
+    streamed: Counter,
     pub reads: AtomicU64,
     pub read_bytes: AtomicU64,
     /// Fetched bytes by the sandbox whose read missed.
@@ -96,6 +97,7 @@ impl Default for Metrics {
             latency: histogram(),
             waits: Family::new_with_constructor(histogram),
             layer_fetches: histogram(),
+            streamed: Counter::default(),
             reads: AtomicU64::new(0),
             read_bytes: AtomicU64::new(0),
             attribution: Default::default(),
@@ -157,6 +159,11 @@ impl Metrics {
         self.layer_fetches.observe(took.as_secs_f64());
     }
 
+    /// The stream-ahead fetched `bytes` (counted in [`Self::fetched`] too).
+    pub fn streamed(&self, bytes: u64) {
+        self.streamed.inc_by(bytes);
+    }
+
     /// A read of `n` bytes served.
     pub fn served(&self, n: usize) {
         self.reads.fetch_add(1, Ordering::Relaxed);
@@ -214,6 +221,11 @@ impl Metrics {
             "strata_layer_fetch_seconds",
             "Fetching a layer for its first mount on this node: its descriptor, metadata and tables of contents",
             self.layer_fetches.clone(),
+        );
+        r.register(
+            "strata_streamed_bytes",
+            "Compressed bytes fetched ahead of misses by the stream-ahead (part of strata_fetched_bytes)",
+            self.streamed.clone(),
         );
         r.register("strata_errors", "Errors by kind", self.errors.clone());
         let total = |r: &mut Registry, name: &str, help: &str, v: u64| {
@@ -302,6 +314,7 @@ mod tests {
         m.error("corrupt");
         m.served(4096);
         m.layer_fetched(Duration::from_millis(30));
+        m.streamed(512);
         let node = NodeGauges {
             cache_bytes: 7,
             prefetch_bytes: 9,
@@ -319,6 +332,7 @@ mod tests {
             "strata_read_wait_seconds_bucket{le=\"0.001\",outcome=\"joined\"} 0".into(),
             "strata_read_wait_seconds_count{outcome=\"joined\"} 1".into(),
             "strata_layer_fetch_seconds_count 1".into(),
+            "strata_streamed_bytes_total 512".into(),
             "strata_errors_total{kind=\"corrupt\"} 1".into(),
             "strata_reads_total 1".into(),
             "strata_read_bytes_total 4096".into(),

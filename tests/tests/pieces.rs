@@ -50,7 +50,8 @@ fn a_pieced_image_reads_in_every_mount_mode_and_a_page_fetches_a_piece() {
     assert!(cat.stdout == big, "strata cat gave other bytes");
 
     for mode in ["file", "fanotify", "loop", "fuse"] {
-        // Only the frame asked for: a page's read fetches its piece (64 KiB of random bytes).
+        // Only the frame asked for: a page's read fetches its piece (64 KiB of random bytes), and
+        // nothing is streamed after it.
         let d = Daemon::start(
             &store,
             &[
@@ -58,6 +59,8 @@ fn a_pieced_image_reads_in_every_mount_mode_and_a_page_fetches_a_piece() {
                 mode,
                 "--max-fetch-span",
                 "1",
+                "--max-fetch-stream",
+                "0",
                 "--cache-size",
                 "1G",
             ],

@@ -77,6 +77,10 @@ struct Args {
     /// fetched, in the background, e.g. 1M [default: 0, none].
     #[arg(long, value_name = "SIZE")]
     max_fetch_group: Option<String>,
+    /// Compressed bytes of a blob walked after a miss at the lowest CPU priority, fetching what is
+    /// not cached, e.g. 8M, 0 for none [default: 4M from a file:// store, none over a network].
+    #[arg(long, value_name = "SIZE")]
+    max_fetch_stream: Option<String>,
     /// Worker threads answering the blob server's FUSE requests; all but two may also serve reads that
     /// fetch [default: 8].
     #[arg(long, value_name = "N")]
@@ -173,6 +177,9 @@ fn load(args: &Args) -> Result<Config> {
     }
     if let Some(s) = &args.max_fetch_group {
         c.max_fetch_group = parse_size(s)?;
+    }
+    if let Some(s) = &args.max_fetch_stream {
+        c.max_fetch_stream = Some(parse_size(s)?);
     }
     if let Some(n) = args.fuse_threads {
         c.fuse_threads = n;

@@ -38,6 +38,11 @@ pub struct Config {
     /// [`crate::groups`]) fetched with it in the background (0: none, the default).
     #[serde(deserialize_with = "crate::size::deserialize")]
     pub max_fetch_group: u64,
+    /// Compressed bytes of a blob walked after a miss by a thread at the lowest priority, fetching
+    /// the chunks not cached (0: none; see `strata_fs::fetch`'s streamer). `None`:
+    /// [`default_fetch_stream`] for the store.
+    #[serde(deserialize_with = "crate::size::deserialize_opt")]
+    pub max_fetch_stream: Option<u64>,
     /// FUSE worker threads.
     pub fuse_threads: usize,
     /// A group (gid) allowed to use the control socket and read the blob files, besides root.
@@ -78,6 +83,7 @@ impl Default for Config {
             max_fetch_span: None,
             max_fetch_behind: None,
             max_fetch_group: 0,
+            max_fetch_stream: None,
             fuse_threads: 8,
             group: None,
             prefetch: true,
@@ -116,6 +122,17 @@ pub fn default_fetch_behind(store: &str) -> u64 {
     }
 }
 
+/// Compressed bytes walked after a miss when the configuration does not say: 4 MiB from a `file://`
+/// store, where fetching costs CPU the streamer takes at the lowest priority (the fat image's cold import
+/// 0.705 → 0.605 s, median of 10; BENCHMARKS.md); none over a network, where it would cost bytes and
+/// the link's bandwidth that misses need.
+pub fn default_fetch_stream(store: &str) -> u64 {
+    match is_local_store(store) {
+        true => 4 << 20,
+        false => 0,
+    }
+}
+
 /// A `file://` store: no round trip per request, fetching costs CPU only.
 pub(crate) fn is_local_store(store: &str) -> bool {
     store.starts_with("file://")
@@ -134,6 +151,11 @@ mod tests {
         assert_eq!(default_fetch_span("s3://bucket/prefix"), 2 << 20);
         assert_eq!(default_fetch_behind("file:///mnt/cephfs/store"), 0);
         assert_eq!(default_fetch_behind("s3://bucket/prefix"), 1 << 20);
+        assert_eq!(
+            default_fetch_stream("file:///var/lib/strata/store"),
+            4 << 20
+        );
+        assert_eq!(default_fetch_stream("s3://bucket/prefix"), 0);
         let c = Config::default();
         assert_eq!((c.max_fetch_span, c.max_fetch_behind), (None, None));
     }

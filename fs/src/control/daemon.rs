@@ -51,7 +51,7 @@ use strata_api::ErrorKind;
 pub use crate::control::state::{Sandbox, SandboxState};
 
 use super::config::is_local_store;
-pub use super::config::{default_fetch_behind, default_fetch_span, Config};
+pub use super::config::{default_fetch_behind, default_fetch_span, default_fetch_stream, Config};
 
 /// Errors of daemon operations.
 #[derive(Debug, thiserror::Error)]
@@ -294,6 +294,9 @@ fn open_data_plane(config: &Config) -> Result<DataPlane, DaemonError> {
         .max_fetch_behind
         .unwrap_or_else(|| default_fetch_behind(&config.store));
     fetcher.max_group = config.max_fetch_group;
+    fetcher.max_stream = config
+        .max_fetch_stream
+        .unwrap_or_else(|| default_fetch_stream(&config.store));
     Ok(DataPlane {
         store,
         fetcher: Arc::new(fetcher),

@@ -27,6 +27,10 @@
 //! chunks whose frames lie within that many compressed bytes before its own and fetches them in a third,
 //! streamed request in the background. Off by default: it trades bytes for time (1 MiB: −7 to −9 % time
 //! for +3 points of the image's bytes over the link; BENCHMARKS.md).
+//!
+//! With `max_stream` set, a miss also moves a background thread that walks the blob on from the miss,
+//! fetching what is missing, its decompression at the lowest priority ([`stream`]): on a `file://`
+//! store, where fetching costs CPU rather than round trips, this uses the CPU a cold start leaves idle.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -41,6 +45,7 @@ mod error;
 mod handle;
 mod home;
 mod land;
+mod stream;
 
 pub use error::FetchError;
 pub use handle::BlobHandle;
@@ -157,6 +162,10 @@ pub struct Fetcher {
     /// [`crate::groups`]).
     pub max_group: u64,
     groups: Groups,
+    /// Compressed bytes of a blob walked after a miss at idle priority, fetching what is missing (0:
+    /// none; see [`stream`]).
+    pub max_stream: u64,
+    streamer: stream::Streamer,
 }
 
 impl Fetcher {
@@ -180,6 +189,8 @@ impl Fetcher {
             workers: Workers::default(),
             max_group: 0,
             groups: Groups::default(),
+            max_stream: 0,
+            streamer: stream::Streamer::default(),
         }
     }
 
@@ -219,37 +230,29 @@ impl Fetcher {
     ) -> Result<(u64, u64), FetchError> {
         let toc = &blob.toc;
         let present = self.present(blob);
-        let mut runs: Vec<(Vec<usize>, Vec<Arc<Flight>>)> = Vec::new();
-        {
+        let (claimed, mut flights) = {
             let mut inflight = self.lock();
-            let mut prev: Option<usize> = None;
+            let (mut claimed, mut flights) = (Vec::new(), Vec::new());
             for &j in chunks {
                 let Some(c) = toc.chunks.get(j) else {
                     continue;
                 };
+                // Claimed one by one: a chunk listed twice (or stored twice) is fetched once.
                 if inflight.contains_key(&c.digest) || present(j) {
-                    prev = None;
                     continue;
                 }
-                let f = Arc::new(Flight {
-                    done: Mutex::new(None),
-                    cv: Condvar::new(),
-                });
-                inflight.insert(c.digest, f.clone());
-                let adjacent = prev.is_some_and(|p| {
-                    let (fp, fj) = (toc.chunks[p].frame, c.frame);
-                    fj == fp || fj == fp + 1
-                });
-                match runs.last_mut() {
-                    Some(r) if adjacent => {
-                        r.0.push(j);
-                        r.1.push(f);
-                    }
-                    _ => runs.push((vec![j], vec![f])),
-                }
-                prev = Some(j);
+                claimed.push(j);
+                flights.extend(claim(&mut inflight, toc, &[j]));
             }
-        }
+            (claimed, flights)
+        };
+        let runs: Vec<(Vec<usize>, Vec<Arc<Flight>>)> = stream::frame_runs(toc, &claimed)
+            .into_iter()
+            .map(|r| {
+                let rest = flights.split_off(r.len());
+                (r, std::mem::replace(&mut flights, rest))
+            })
+            .collect();
         let (mut count, mut bytes) = (0, 0);
         let mut first_err = None;
         for (claimed, flights) in &runs {
@@ -459,6 +462,11 @@ impl Fetcher {
                 self.workers.run_or_here(move || {
                     let _ = me.fetch_chunks(&b, &group);
                 });
+            }
+        }
+        if unplanned {
+            if let Some(&last) = claimed.last() {
+                stream::Streamer::missed(self, blob, last + 1);
             }
         }
         // Charged to the reader's sandbox (outside the lock: it reads /proc).
