@@ -450,25 +450,12 @@ impl Fetcher {
                 let _ = me.complete_streamed(&b, &behind, &behind_flights);
             });
         }
-        // The rest of the miss's directory (a planned blob's plan knows better), charged with it.
-        let mut charged = span;
-        if self.max_group > 0 && unplanned {
-            let (group, bytes) = self
-                .groups
-                .missing(blob, i, &claimed, &present, self.max_group);
-            if !group.is_empty() {
-                charged += bytes;
-                let (me, b) = (self.clone(), blob.clone());
-                self.workers.run_or_here(move || {
-                    let _ = me.fetch_chunks(&b, &group);
-                });
-            }
-        }
-        if unplanned {
-            if let Some(&last) = claimed.last() {
-                stream::Streamer::missed(self, blob, last + 1);
-            }
-        }
+        // The rest of the miss's directory, and the stretch after it (a planned blob's plan knows
+        // better than either).
+        let charged = match unplanned {
+            true => span + self.beyond(blob, i, &claimed),
+            false => span,
+        };
         // Charged to the reader's sandbox (outside the lock: it reads /proc).
         self.metrics.attribution.miss(charged);
         // The chunks of chunk `i`'s own frame are fetched here; the followers (later frames) in a second
@@ -497,6 +484,30 @@ impl Fetcher {
         let out = self.complete(blob, &claimed[..own], 2);
         self.land_mine(blob, &claimed[..own], &flights[..own], &out);
         Some(self.mine(blob, out, mine_at))
+    }
+
+    /// Starts the background work beyond a miss of chunk `i` that claimed `claimed`: its directory's
+    /// group (`max_group`) and the streamer's walk on from it (`max_stream`). Returns the group's
+    /// compressed bytes, charged with the miss (the streamer charges its own as it goes).
+    fn beyond(self: &Arc<Self>, blob: &Arc<BlobHandle>, i: usize, claimed: &[usize]) -> u64 {
+        if let Some(&last) = claimed.last() {
+            stream::Streamer::missed(self, blob, last + 1);
+        }
+        if self.max_group == 0 {
+            return 0;
+        }
+        let present = self.present(blob);
+        let (group, bytes) = self
+            .groups
+            .missing(blob, i, claimed, &present, self.max_group);
+        if group.is_empty() {
+            return 0;
+        }
+        let (me, b) = (self.clone(), blob.clone());
+        self.workers.run_or_here(move || {
+            let _ = me.fetch_chunks(&b, &group);
+        });
+        bytes
     }
 
     /// The missing chunks right before chunk `i` (the run of them whose frames lie within

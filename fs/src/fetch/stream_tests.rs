@@ -105,22 +105,24 @@ fn fetcher_of(kit: &Kit, chunks: &[Vec<u8>]) -> (Arc<BlobHandle>, Fetcher) {
 #[test]
 fn a_miss_streams_the_chunks_after_it_within_the_bound() {
     let kit = Kit::new(Duration::from_secs(5));
-    let chunks: Vec<Vec<u8>> = (0..12).map(|i| bytes(32 << 10, 60 + i)).collect();
+    let chunks: Vec<Vec<u8>> = (0..20).map(|i| bytes(32 << 10, 60 + i)).collect();
     let (blob, mut f) = fetcher_of(&kit, &chunks);
-    // From chunk 2 (after the miss of chunk 1), frames 2..=6 end within this bound.
+    // From chunk 2 (after the miss of chunk 1), frames 2..=13 end within this bound: ~384 KiB of
+    // random data, more than one step's, so the cursor is stepped, requeued and stepped again.
     let frame = |i: usize| blob.toc.frames[i].offset;
-    f.max_stream = frame(7) - frame(2);
+    f.max_stream = frame(14) - frame(2);
+    assert!(f.max_stream > UNIT);
     let f = Arc::new(f);
     f.chunk(&blob, 1).expect("chunk 1");
     let cached = |i: usize| f.cache().contains(&blob.toc.chunks[i].digest);
-    wait_until("chunks 2..=6 streamed", || (2..=6).all(cached));
+    wait_until("chunks 2..=13 streamed", || (2..=13).all(cached));
     wait_until("the streamer stopped", || !f.streamer.lock().running);
     assert!(
-        !cached(0) && !(7..12).any(cached),
+        !cached(0) && !(14..20).any(cached),
         "nothing outside the bound"
     );
     let text = kit.metrics.render(&Default::default());
-    let streamed = frame(7) - frame(2);
+    let streamed = frame(14) - frame(2);
     assert!(
         text.contains(&format!("strata_streamed_bytes_total {streamed}\n")),
         "{text}"
