@@ -31,7 +31,7 @@ use strata_registry::toc::Toc;
 use super::{span, BlobHandle, FetchError, Fetcher};
 use crate::attribution;
 
-/// Compressed bytes claimed and fetched in one step.
+/// Compressed bytes of the blob walked in one step (a range request per run of adjacent missing frames).
 pub const UNIT: u64 = 256 << 10;
 
 /// Cursors kept at once: the regions a program is reading in turn.
