@@ -662,13 +662,7 @@ impl Fetcher {
         let range = span(&blob.toc, claimed);
         let mut out = Vec::new();
         for attempt in 0..attempts {
-            let t = Instant::now();
-            let bytes = self
-                .store
-                .get_range(&blob.key, range.clone())
-                .map_err(|e| store_error(blob, e))?;
-            self.metrics
-                .fetched(&blob.blob.digest, bytes.len() as u64, t.elapsed());
+            let bytes = self.read_range(blob, range.clone())?;
             out = self.checked(blob, claimed, &bytes, range.start);
             if out.iter().all(Result::is_ok) {
                 break;
@@ -679,6 +673,22 @@ impl Fetcher {
             }
         }
         Ok(out)
+    }
+
+    /// Bytes `range` of `blob`'s object, in one request, counted in the metrics.
+    fn read_range(
+        &self,
+        blob: &BlobHandle,
+        range: std::ops::Range<u64>,
+    ) -> Result<impl std::ops::Deref<Target = [u8]>, FetchError> {
+        let t = Instant::now();
+        let bytes = self
+            .store
+            .get_range(&blob.key, range)
+            .map_err(|e| store_error(blob, e))?;
+        self.metrics
+            .fetched(&blob.blob.digest, bytes.len() as u64, t.elapsed());
+        Ok(bytes)
     }
 }
 

@@ -126,6 +126,8 @@ impl Streamer {
         if !fetcher.streamer.lock().place(blob, from, max, reader) {
             return;
         }
+        // A thread of its own, not one of the fetcher's workers: a thread whose priority could not be
+        // raised back (no `CAP_SYS_NICE`) must not go on to serve misses.
         let me = fetcher.clone();
         let spawned = std::thread::Builder::new()
             .name("strata-stream".into())
@@ -186,13 +188,7 @@ impl Fetcher {
         let mut fetched = 0;
         for part in frame_runs(toc, &missing) {
             let range = span(toc, &part);
-            let t = std::time::Instant::now();
-            let bytes = self
-                .store
-                .get_range(&blob.key, range.clone())
-                .map_err(|e| super::store_error(blob, e))?;
-            self.metrics
-                .fetched(&blob.blob.digest, bytes.len() as u64, t.elapsed());
+            let bytes = self.read_range(blob, range.clone())?;
             self.metrics.streamed(bytes.len() as u64);
             fetched += bytes.len() as u64;
             nice.low();
