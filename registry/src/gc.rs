@@ -20,8 +20,11 @@
 //! `gc/condemned/<key>` is written, and a later run deletes the object only if the mark is at least
 //! `grace` old, the object was not written since, and it is still unreferenced. Writers treat a
 //! condemned object as absent ([`Store::reusable`]) and write it again, which makes it young. A build
-//! that reused an object before it was condemned finishes (tags its image) within `grace`, so the run
-//! that would delete the object sees it referenced. With a zero grace there is no second phase: the
+//! that reused an object before it was condemned tags its image after checking, as late as the write
+//! allows, that nothing the image reaches is condemned or gone ([`Store::image_unreusable`], checked
+//! by every tag write): within `grace` of the condemnation the run that would delete the object sees it
+//! referenced; later, the check sees the mark and the tag is refused. So a build slower than `grace`
+//! fails instead of naming deleted objects (the soak on MooseFS saw one take 10 s against a 5 s grace). With a zero grace there is no second phase: the
 //! objects are deleted at once, which is safe only when nothing builds meanwhile.
 //! The one window left: a writer that finds a condemnation mark and rewrites the object in the
 //! milliseconds between the deleting run's check and its delete (S3 has no conditional delete).
@@ -245,6 +248,9 @@ pub fn collect(store: &Store, o: &GcOptions) -> Result<GcReport, GcError> {
         ..GcReport::default()
     };
     let live = mark(store, o, &mut report)?;
+    // Stores give times in whole seconds: a time `t` stands for [t, t + 1). Something is known to be
+    // older than `grace` only when `t + 1 <= now - grace`, that is `t < cutoff` (with `<=`, an object or
+    // mark could go up to a second early: on MooseFS, whose times are seconds, a 5 s grace was 4 s).
     let cutoff = o
         .now
         .checked_sub(o.grace)
@@ -269,7 +275,7 @@ pub fn collect(store: &Store, o: &GcOptions) -> Result<GcReport, GcError> {
             let verdict = if keep {
                 report.live += 1;
                 Verdict::Keep
-            } else if modified > cutoff {
+            } else if modified >= cutoff && !o.grace.is_zero() {
                 report.young += 1;
                 Verdict::Keep
             } else if o.grace.is_zero() {
@@ -277,7 +283,7 @@ pub fn collect(store: &Store, o: &GcOptions) -> Result<GcReport, GcError> {
             } else {
                 match mark {
                     // Condemned at least `grace` ago and not written since: nothing took it up.
-                    Some(t) if t <= cutoff && modified <= t => Verdict::Delete,
+                    Some(t) if t < cutoff && modified <= t => Verdict::Delete,
                     Some(t) if modified <= t => Verdict::Pending,
                     _ => Verdict::Condemn,
                 }
@@ -304,7 +310,7 @@ pub fn collect(store: &Store, o: &GcOptions) -> Result<GcReport, GcError> {
     for (hex, (size, modified)) in segments {
         if kept_blobs.contains(&hex) {
             report.live += 1;
-        } else if modified <= cutoff {
+        } else if modified < cutoff || o.grace.is_zero() {
             remove(store, o, &mut report, &format!("index/{hex}"), size)?;
         }
     }

@@ -302,3 +302,34 @@ fn a_broken_tag_stops_gc_before_anything_is_deleted() {
         .expect("delete");
     w.check("gc --skip-broken");
 }
+
+/// Stores keep times in whole seconds, so a time `t` may be as late as `t + 0.99`: an object written at
+/// `t` is kept through `t + grace` and condemned only from `t + grace + 1`, and its mark counts the same
+/// way (on MooseFS, whose times are seconds, a 5 s grace was once as short as 4 s).
+#[test]
+fn times_in_whole_seconds_never_shorten_the_grace() {
+    let mut w = World::new();
+    w.builds.push(Build {
+        content: 7,
+        tag: tag(7),
+        started: w.now,
+        step: 0,
+        layer: None,
+        manifest: None,
+    });
+    while !w.step(0) {}
+    let prev = w.store.tag_get(&tag(7)).expect("get").expect("tagged");
+    w.store.tag_delete(&tag(7), &prev).expect("untag");
+    w.advance(GRACE);
+    let r = w.gc(GRACE).expect("gc");
+    assert_eq!((r.young, r.condemned), (4, 0), "{r:?}");
+    w.advance(1);
+    let r = w.gc(GRACE).expect("gc");
+    assert_eq!(r.condemned, 4, "{r:?}");
+    w.advance(GRACE);
+    let r = w.gc(GRACE).expect("gc");
+    assert_eq!((r.pending, r.deleted), (4, 0), "{r:?}");
+    w.advance(1);
+    let r = w.gc(GRACE).expect("gc");
+    assert_eq!(r.deleted, 4, "{r:?}");
+}

@@ -175,7 +175,8 @@ fn rmi_and_tags_on_s3() {
 }
 
 /// With a grace period, gc condemns first and deletes a run later; a build that takes a condemned
-/// object up writes it again and keeps it.
+/// object up writes it again and keeps it. (Store times are whole seconds, which gc rounds up: 2.1 s
+/// is certainly past a 1 s grace.)
 #[test]
 fn gc_condemns_then_deletes_and_a_rebuild_keeps_what_it_reuses() {
     let dir = scratch("condemn-store");
@@ -185,26 +186,26 @@ fn gc_condemns_then_deletes_and_a_rebuild_keeps_what_it_reuses() {
     store.ok(&["build", path(&b), "-t", "gone:v1"]);
     store.ok(&["rmi", "gone:v1"]);
     std::thread::sleep(Duration::from_millis(2100));
-    let r = json(&store.ok(&["gc", "--grace", "2s", "--json"]));
+    let r = json(&store.ok(&["gc", "--grace", "1s", "--json"]));
     assert_eq!(r["deleted"].as_u64(), Some(0), "{r}");
     assert!(r["condemned"].as_u64().expect("condemned") >= 4, "{r}");
-    let again = json(&store.ok(&["gc", "--grace", "2s", "--json"]));
+    let again = json(&store.ok(&["gc", "--grace", "1s", "--json"]));
     assert_eq!(again["deleted"].as_u64(), Some(0), "{again}");
     assert_eq!(again["pending"], r["condemned"], "{again}");
     // The same tree built again takes the condemned objects up: they are written anew.
     store.ok(&["build", path(&b), "-t", "back:v1"]);
     std::thread::sleep(Duration::from_millis(2100));
-    let r = json(&store.ok(&["gc", "--grace", "2s", "--json"]));
+    let r = json(&store.ok(&["gc", "--grace", "1s", "--json"]));
     assert_eq!(r["deleted"].as_u64(), Some(0), "{r}");
     assert_eq!(store.ok(&["cat", "back:v1", "/small"]), "seed 22");
     assert_eq!(store.ok(&["cat", "keep:v1", "/small"]), "seed 21");
     // Untagged again: condemned, then deleted once the mark is older than the grace period.
     store.ok(&["rmi", "back:v1"]);
     std::thread::sleep(Duration::from_millis(2100));
-    let r = json(&store.ok(&["gc", "--grace", "2s", "--json"]));
+    let r = json(&store.ok(&["gc", "--grace", "1s", "--json"]));
     assert!(r["condemned"].as_u64().expect("condemned") >= 4, "{r}");
     std::thread::sleep(Duration::from_millis(2100));
-    let r = json(&store.ok(&["gc", "--grace", "2s", "--json"]));
+    let r = json(&store.ok(&["gc", "--grace", "1s", "--json"]));
     assert!(r["deleted"].as_u64().expect("deleted") >= 4, "{r}");
     assert_eq!(store.ok(&["cat", "keep:v1", "/small"]), "seed 21");
 }

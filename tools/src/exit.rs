@@ -40,7 +40,9 @@ pub struct Usage(pub String);
 fn store_code(e: &StoreError) -> i32 {
     match e {
         StoreError::NotFound(_) | StoreError::NoStore { .. } | StoreError::NoBucket { .. } => 3,
-        StoreError::TagConflict { .. } | StoreError::TagTaken { .. } => 4,
+        StoreError::TagConflict { .. }
+        | StoreError::TagTaken { .. }
+        | StoreError::Unreachable { .. } => 4,
         StoreError::Corrupt { .. } | StoreError::Malformed { .. } | StoreError::Model(_) => 5,
         StoreError::Backend { .. }
         | StoreError::Timeout { .. }

@@ -137,7 +137,9 @@ impl DaemonError {
             DaemonError::Store(e) if e.is_not_found() => ErrorKind::NotFound,
             DaemonError::Store(e) => match e {
                 StoreError::Model(_) | StoreError::BadUrl { .. } => ErrorKind::Invalid,
-                StoreError::TagConflict { .. } | StoreError::TagTaken { .. } => ErrorKind::Conflict,
+                StoreError::TagConflict { .. }
+                | StoreError::TagTaken { .. }
+                | StoreError::Unreachable { .. } => ErrorKind::Conflict,
                 StoreError::Corrupt { .. } | StoreError::Malformed { .. } => ErrorKind::Corrupt,
                 StoreError::Backend { .. } | StoreError::Timeout { .. } => ErrorKind::Store,
                 _ => ErrorKind::Internal,

@@ -125,6 +125,10 @@ pub enum StoreError {
         expected: String,
         found: String,
     },
+    /// A tag write refused: an object its image reaches is condemned by gc or gone (a build or a copy
+    /// slower than gc's grace period, or an image untagged long ago).
+    #[error("tag {tag} not set: {key}, which its image needs, was condemned or deleted by gc meanwhile; nothing was written: build or copy the image again")]
+    Unreachable { tag: String, key: String },
     #[error(
         "store {url} does not exist (no directory {path}); the first build or import creates it"
     )]
@@ -367,6 +371,18 @@ impl Store {
         Ok(self.exists(key)? && !self.exists(&key::condemned(key))?)
     }
 
+    /// After writing `key` because it was not reusable: if gc had condemned it, its mark goes. The object
+    /// is younger than the mark now, which gc would not delete either (it keeps such an object and drops
+    /// the mark itself), but until gc's next run the mark would make the image's tag write refuse it
+    /// ([`Store::image_unreusable`]).
+    fn written_again(&self, key: &str) -> Result<(), StoreError> {
+        let mark = key::condemned(key);
+        if self.exists(&mark)? {
+            self.backend.delete(&mark)?;
+        }
+        Ok(())
+    }
+
     /// The first object of a stored layer (its descriptor, metadata, metadata base, blobs) that cannot be
     /// relied on by a new reference ([`Store::reusable`]), if any.
     pub fn layer_unreusable(
@@ -391,8 +407,8 @@ impl Store {
             return Ok(());
         }
         self.backend
-            .put(key, Bytes::from(data), PutMode::Overwrite)
-            .map(|_| ())
+            .put(key, Bytes::from(data), PutMode::Overwrite)?;
+        self.written_again(key)
     }
 
     /// Writes a small index object (not content addressed: an `oci/` import record, a plan pointer),
@@ -456,14 +472,14 @@ impl Store {
                 if let Some(parent) = dest.parent() {
                     std::fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
                 }
-                std::fs::rename(file, &dest).map_err(|e| StoreError::io(&dest, e))
+                std::fs::rename(file, &dest).map_err(|e| StoreError::io(&dest, e))?;
             }
             None => {
                 self.backend.put_file(&key, file)?;
                 let _ = std::fs::remove_file(file);
-                Ok(())
             }
         }
+        self.written_again(&key)
     }
 
     /// Stores a JSON object under the key `key_of` gives for its digest.
@@ -497,11 +513,10 @@ impl Store {
             return self.put_json(l, key::layer);
         }
         if self.stored_layer(&d)?.is_none() {
-            self.backend.put(
-                &key::layer(&d),
-                Bytes::from(l.to_bytes()),
-                PutMode::Overwrite,
-            )?;
+            let key = key::layer(&d);
+            self.backend
+                .put(&key, Bytes::from(l.to_bytes()), PutMode::Overwrite)?;
+            self.written_again(&key)?;
         }
         Ok(d)
     }
@@ -552,6 +567,35 @@ impl Store {
     /// Reads a manifest.
     pub fn get_manifest(&self, d: &Digest) -> Result<Manifest, StoreError> {
         self.get_json(d, key::manifest)
+    }
+
+    /// The first object image `d` reaches (its manifest, each layer's objects: [`Self::layer_unreusable`])
+    /// that cannot be relied on by a new reference, if any. A damaged manifest or descriptor is not
+    /// reported: gc stops at a broken image before deleting anything.
+    pub fn image_unreusable(&self, d: &Digest) -> Result<Option<String>, StoreError> {
+        let key = key::manifest(d);
+        if !self.reusable(&key)? {
+            return Ok(Some(key));
+        }
+        // A manifest that cannot be read as one is a broken image, which gc refuses to collect past
+        // (`crate::gc`): nothing it could reach is deleted, so there is nothing to check here.
+        let manifest = match self.get_manifest(d) {
+            Ok(m) => m,
+            Err(e) if e.is_damaged() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        for l in manifest.layers {
+            let layer = match self.get_layer(&l.digest) {
+                Ok(layer) => layer,
+                Err(e) if e.is_not_found() => return Ok(Some(key::layer(&l.digest))),
+                Err(e) if e.is_damaged() => continue,
+                Err(e) => return Err(e),
+            };
+            if let Some(k) = self.layer_unreusable(&l.digest, &layer)? {
+                return Ok(Some(k));
+            }
+        }
+        Ok(None)
     }
 
     /// True if `d` names a manifest in this store.

@@ -83,19 +83,21 @@ pub fn get(root: &Path, t: &TagName) -> Result<Option<Vec<u8>>, StoreError> {
     }
 }
 
-/// Sets a tag to `new` (`None`: deletes it) if its value is `expected` (`None`: absent). Returns the
-/// value found when it was not the expected one.
+/// Sets a tag to `new` (`None`: deletes it) if its value is `expected` (`None`: absent) and `check`
+/// passes, both under the lock. Returns the value found when it was not the expected one.
 pub fn compare_and_swap(
     root: &Path,
     t: &TagName,
     expected: Option<&[u8]>,
     new: Option<&[u8]>,
+    check: &dyn Fn() -> Result<(), StoreError>,
 ) -> Result<Result<(), Option<Vec<u8>>>, StoreError> {
     let _lock = lock(root)?;
     let current = get(root, t)?;
     if current.as_deref() != expected {
         return Ok(Err(current));
     }
+    check()?;
     let p = tag_path(root, t);
     let Some(new) = new else {
         return match std::fs::remove_file(&p) {

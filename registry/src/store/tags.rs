@@ -145,24 +145,46 @@ impl Store {
         prev: Option<&TagState>,
         new: &Digest,
     ) -> Result<(), StoreError> {
-        if !self.has_manifest(new)? {
-            return Err(StoreError::NotFound(key::manifest(new)));
-        }
         let value = format!("{new}\n");
-        self.tag_swap(t, prev, Some(value.as_bytes()))
+        self.tag_swap(t, prev, Some(value.as_bytes()), Some(new))
     }
 
     /// Deletes tag `t` if it still names what `prev` saw. Objects it reached stay until `strata gc`.
     pub fn tag_delete(&self, t: &TagName, prev: &TagState) -> Result<(), StoreError> {
-        self.tag_swap(t, Some(prev), None)
+        self.tag_swap(t, Some(prev), None, None)
     }
 
-    /// Compare-and-swap of a tag object: `new` is the value to write, `None` to delete.
+    /// That tag `t` may name image `d`: its manifest exists, and nothing it reaches is condemned by gc
+    /// or gone ([`Store::image_unreusable`]). Checked as late as the write allows: under the lock where
+    /// tags change under one, else just before the conditional put. So a writer that found its objects
+    /// long before — a build that outlasted gc's grace period, a lock wait, a stalled machine — is
+    /// refused rather than naming what gc is about to delete (or has deleted): gc deletes only what it
+    /// condemned a grace period earlier, and the check would have seen the mark. What is left is the
+    /// check-to-write window, milliseconds, which the grace period must exceed (`crate::gc`).
+    fn check_image(&self, t: &TagName, d: Option<&Digest>) -> Result<(), StoreError> {
+        let Some(d) = d else {
+            return Ok(());
+        };
+        if !self.has_manifest(d)? {
+            return Err(StoreError::NotFound(key::manifest(d)));
+        }
+        match self.image_unreusable(d)? {
+            Some(key) => Err(StoreError::Unreachable {
+                tag: t.to_string(),
+                key,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Compare-and-swap of a tag object: `new` is the value to write, `None` to delete; `names`, the
+    /// manifest the new value names ([`Self::check_image`]).
     fn tag_swap(
         &self,
         t: &TagName,
         prev: Option<&TagState>,
         new: Option<&[u8]>,
+        names: Option<&Digest>,
     ) -> Result<(), StoreError> {
         if let Some(root) = &self.local {
             let expected = prev.map(|p| format!("{}\n", p.digest));
@@ -171,6 +193,7 @@ impl Store {
                 t,
                 expected.as_deref().map(str::as_bytes),
                 new,
+                &|| self.check_image(t, names),
             )? {
                 Ok(()) => Ok(()),
                 Err(found) => Err(Self::conflict(
@@ -183,7 +206,7 @@ impl Store {
                 )),
             };
         }
-        self.tag_swap_conditional(t, prev, new)
+        self.tag_swap_conditional(t, prev, new, names)
     }
 
     /// Compare-and-swap by the backend's conditional put; on a server without conditional writes, under
@@ -193,6 +216,7 @@ impl Store {
         t: &TagName,
         prev: Option<&TagState>,
         new: Option<&[u8]>,
+        names: Option<&Digest>,
     ) -> Result<(), StoreError> {
         let key = tag_key(t);
         let data = Bytes::copy_from_slice(new.unwrap_or(b"deleted\n"));
@@ -210,11 +234,12 @@ impl Store {
                 None => PutMode::Create,
             },
         };
+        self.check_image(t, names)?;
         match self.backend.put(&key, data.clone(), mode) {
             Ok(_) => Ok(()),
             Err(StoreError::Precondition(_)) => Err(Self::conflict(t, prev, self.found(t)?)),
             Err(StoreError::NoConditionalWrites { .. }) if self.tag_lock.is_some() => {
-                self.tag_swap_locked(t, prev, data)
+                self.tag_swap_locked(t, prev, data, names)
             }
             Err(e) => Err(e),
         }
@@ -229,6 +254,7 @@ impl Store {
         t: &TagName,
         prev: Option<&TagState>,
         data: Bytes,
+        names: Option<&Digest>,
     ) -> Result<(), StoreError> {
         let Some(path) = &self.tag_lock else {
             return Err(StoreError::NoConditionalWrites {
@@ -249,6 +275,7 @@ impl Store {
         if !same {
             return Err(Self::conflict(t, prev, self.found(t)?));
         }
+        self.check_image(t, names)?;
         self.backend
             .put(&tag_key(t), data, PutMode::Overwrite)
             .map(|_| ())
@@ -457,5 +484,25 @@ mod tests {
             handles.into_iter().map(|h| h.join().expect("join")).sum()
         });
         assert_eq!(wins, 1);
+    }
+
+    /// A tag writer checks that its manifest exists under the tags' lock, not before waiting for it:
+    /// gc may delete the manifest while the writer waits (here the test holds the lock meanwhile).
+    #[test]
+    fn a_manifest_deleted_while_the_writer_waits_for_the_lock_is_not_tagged() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = Store::open(&format!("file://{}", dir.path().display())).expect("open");
+        let t = TagName::parse("a/b:v1").expect("tag");
+        let m = manifest(&s, 1);
+        let held = tagfile::lock(dir.path()).expect("lock");
+        std::thread::scope(|scope| {
+            let writer = scope.spawn(|| s.tag_set(&t, None, &m));
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            s.backend().delete(&key::manifest(&m)).expect("delete");
+            drop(held);
+            let e = writer.join().expect("join").expect_err("manifest gone");
+            assert!(matches!(e, StoreError::NotFound(_)), "{e}");
+        });
+        assert_eq!(s.tag_get(&t).expect("get"), None, "nothing was written");
     }
 }
