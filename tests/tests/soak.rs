@@ -21,7 +21,7 @@
 //! builders would have (each one's first build stores every chunk it has; each later build only its
 //! `round` file), by at least the chunks they all share.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,15 @@ const BUILDERS: u32 = 3;
 const NODES: u8 = 4;
 const GRACE: &str = "5s";
 
+/// The slowest build and `strata tag` or `rmi` seen, in milliseconds: gc's grace must exceed the longest
+/// build (its stated assumption), so the soak prints them beside the grace.
+static SLOWEST_BUILD_MS: AtomicU64 = AtomicU64::new(0);
+static SLOWEST_TAG_MS: AtomicU64 = AtomicU64::new(0);
+
+fn note_time(slowest: &AtomicU64, since: Instant) {
+    slowest.fetch_max(since.elapsed().as_millis() as u64, Ordering::Relaxed);
+}
+
 /// What the threads share: the tags nodes may mount, the count of builders done with their first
 /// build, and the stop flag.
 #[derive(Default)]
@@ -43,6 +52,8 @@ struct Board {
     stop: AtomicBool,
     /// The collector has deleted something and compaction has rewritten something (both asserted).
     gc_did_both: AtomicBool,
+    /// What each collection deleted, and when it ended (for the message of a failed mount).
+    deleted: Mutex<Vec<(Instant, Vec<String>)>>,
 }
 
 impl Board {
@@ -58,6 +69,28 @@ impl Board {
     fn remove(&self, tag: &str) {
         self.live.lock().expect("lock").retain(|t| t != tag);
     }
+    /// Which collection deleted the object a failed mount's error names, if one did.
+    fn deleted_by_gc(&self, err: &str) -> String {
+        let Some(key) = err
+            .split("not found in store: ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+        else {
+            return "no object named".into();
+        };
+        let runs = self.deleted.lock().expect("lock");
+        match runs
+            .iter()
+            .position(|(_, keys)| keys.iter().any(|k| k == key))
+        {
+            Some(i) => format!(
+                "gc run {i} (of {}) deleted {key}, {:?} ago",
+                runs.len(),
+                runs[i].0.elapsed()
+            ),
+            None => format!("no gc run (of {}) reported deleting {key}", runs.len()),
+        }
+    }
 }
 
 /// One successful build: chunks referenced and chunks stored anew.
@@ -71,7 +104,9 @@ struct Built {
 /// by another builder or by compaction).
 fn ok_retrying_conflicts(m: &Machine, store: &StoreEnv, args: &[&str]) -> u32 {
     for conflicts in 0..20 {
+        let t = Instant::now();
         let o = m.strata(store, args);
+        note_time(&SLOWEST_TAG_MS, t);
         if o.status.success() {
             return conflicts;
         }
@@ -94,7 +129,9 @@ fn build_round(m: &Machine, store: &StoreEnv, k: u32, r: u32) -> Built {
     let path = src.to_str().expect("utf8");
     let args = ["build", path, "-t", &tag, "--chunk-size", &chunk, "--json"];
     for _ in 0..5 {
+        let t = Instant::now();
         let o = m.strata(store, &args);
+        note_time(&SLOWEST_BUILD_MS, t);
         let err = String::from_utf8_lossy(&o.stderr);
         if o.status.success() {
             let _ = std::fs::remove_dir_all(&src);
@@ -176,8 +213,9 @@ fn node(d: &Daemon, n: u8, board: &Board) -> (u32, u64, u32) {
             let err = String::from_utf8_lossy(&o.stderr);
             assert!(
                 o.status.code() == Some(3) && !board.is_live(&tag),
-                "node {n}: mount {tag} failed ({}): {err}",
-                o.status
+                "node {n}: mount {tag} failed ({}): {err}; {}",
+                o.status,
+                board.deleted_by_gc(&err)
             );
             gone += 1;
             continue;
@@ -224,6 +262,15 @@ fn collector(m: &Machine, store: &StoreEnv, board: &Board) -> Collected {
         let v = json(&String::from_utf8_lossy(&o.stdout));
         let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
         c.runs += 1;
+        let keys = v["keys"].as_array().into_iter().flatten();
+        let keys = keys
+            .filter_map(|k| k.as_str().map(str::to_string))
+            .collect();
+        board
+            .deleted
+            .lock()
+            .expect("lock")
+            .push((Instant::now(), keys));
         c.deleted += n(&v["deleted"]);
         c.condemned += n(&v["condemned"]);
         c.compacted += n(&v["compact"]["compacted"]);
@@ -366,8 +413,11 @@ fn soak(cluster: &Cluster, backend: Backend) {
         (builds, reads, join(g))
     });
     eprintln!(
-        "soak: ran {:?}; gc {gc:?}; nodes (sandboxes, bytes, tags gone) {reads:?}",
-        t1.elapsed()
+        "soak: ran {:?}; gc {gc:?}; nodes (sandboxes, bytes, tags gone) {reads:?}; slowest build \
+         {} ms, slowest tag change {} ms (grace {GRACE})",
+        t1.elapsed(),
+        SLOWEST_BUILD_MS.load(Ordering::Relaxed),
+        SLOWEST_TAG_MS.load(Ordering::Relaxed)
     );
 
     check_afterwards(&ops, &backend.store(&ops));
