@@ -333,3 +333,45 @@ fn times_in_whole_seconds_never_shorten_the_grace() {
     let r = w.gc(GRACE).expect("gc");
     assert_eq!(r.deleted, 4, "{r:?}");
 }
+
+/// A tag write's check (`Store::image_unreusable`, its keys checked on several threads) names the
+/// first object in the image's order that is condemned or gone, however many blobs a layer has.
+#[test]
+fn the_tag_check_names_the_first_condemned_or_missing_object() {
+    let w = World::new();
+    let s = &w.store;
+    let mut d = descriptor(1);
+    d.blobs = (0..20u64)
+        .map(|i| {
+            let data = blob_bytes(100 + i);
+            let digest = Digest::of(&data);
+            s.put_bytes(&key::blob(&digest), data).expect("blob");
+            BlobRef {
+                digest,
+                ..d.blobs[0].clone()
+            }
+        })
+        .collect();
+    s.put_meta(&meta_bytes(1), None).expect("meta");
+    let layer = s.put_layer(&d).expect("layer");
+    let m = s
+        .put_manifest(&Manifest {
+            schema: SCHEMA,
+            layers: vec![ManifestLayer {
+                digest: layer,
+                kind: LayerKind::Base,
+            }],
+            config: Default::default(),
+            annotations: Default::default(),
+        })
+        .expect("manifest");
+    assert_eq!(s.image_unreusable(&m).expect("check"), None);
+    let blob = |i: usize| key::blob(&d.blobs[i].digest);
+    for i in [17, 13] {
+        s.put_index(&key::condemned(&blob(i)), b"condemned\n".to_vec())
+            .expect("mark");
+    }
+    assert_eq!(s.image_unreusable(&m).expect("check"), Some(blob(13)));
+    s.delete(&blob(5)).expect("delete");
+    assert_eq!(s.image_unreusable(&m).expect("check"), Some(blob(5)));
+}

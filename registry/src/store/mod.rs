@@ -390,12 +390,49 @@ impl Store {
         d: &Digest,
         l: &LayerDescriptor,
     ) -> Result<Option<String>, StoreError> {
+        self.first_unreusable(&self.layer_keys(d, l)?)
+    }
+
+    /// The objects a stored layer needs: its descriptor, metadata, metadata base and blobs.
+    fn layer_keys(&self, d: &Digest, l: &LayerDescriptor) -> Result<Vec<String>, StoreError> {
         let mut keys = vec![key::layer(d), key::meta(&l.meta.digest)];
         keys.extend(self.meta_base(&l.meta.digest)?.map(|b| key::meta(&b)));
         keys.extend(l.blobs.iter().map(|b| key::blob(&b.digest)));
-        for k in keys {
-            if !self.reusable(&k)? {
-                return Ok(Some(k));
+        Ok(keys)
+    }
+
+    /// The first of `keys` that cannot be relied on by a new reference ([`Store::reusable`]), if any.
+    /// Two requests a key, a round trip each on S3: checked on up to 8 threads at once, so an image of
+    /// a few layers and dozens of blobs costs a few round trips, not a hundred.
+    fn first_unreusable(&self, keys: &[String]) -> Result<Option<String>, StoreError> {
+        const AT_ONCE: usize = 8;
+        let first_of = |part: &[String]| -> Result<Option<String>, StoreError> {
+            for k in part {
+                if !self.reusable(k)? {
+                    return Ok(Some(k.clone()));
+                }
+            }
+            Ok(None)
+        };
+        if keys.len() <= 2 {
+            return first_of(keys);
+        }
+        let parts = std::thread::scope(|s| {
+            let threads: Vec<_> = keys
+                .chunks(keys.len().div_ceil(AT_ONCE))
+                .map(|part| s.spawn(move || first_of(part)))
+                .collect();
+            let joined = threads.into_iter().map(|t| t.join());
+            joined.collect::<Vec<_>>()
+        });
+        for part in parts {
+            match part {
+                Ok(found) => {
+                    if let Some(k) = found? {
+                        return Ok(Some(k));
+                    }
+                }
+                Err(panic) => std::panic::resume_unwind(panic),
             }
         }
         Ok(None)
@@ -584,18 +621,16 @@ impl Store {
             Err(e) if e.is_damaged() => return Ok(None),
             Err(e) => return Err(e),
         };
+        let mut keys = Vec::new();
         for l in manifest.layers {
-            let layer = match self.get_layer(&l.digest) {
-                Ok(layer) => layer,
+            match self.get_layer(&l.digest) {
+                Ok(layer) => keys.extend(self.layer_keys(&l.digest, &layer)?),
                 Err(e) if e.is_not_found() => return Ok(Some(key::layer(&l.digest))),
                 Err(e) if e.is_damaged() => continue,
                 Err(e) => return Err(e),
             };
-            if let Some(k) = self.layer_unreusable(&l.digest, &layer)? {
-                return Ok(Some(k));
-            }
         }
-        Ok(None)
+        self.first_unreusable(&keys)
     }
 
     /// True if `d` names a manifest in this store.
