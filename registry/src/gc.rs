@@ -20,14 +20,16 @@
 //! `gc/condemned/<key>` is written, and a later run deletes the object only if the mark is at least
 //! `grace` old, the object was not written since, and it is still unreferenced. Writers treat a
 //! condemned object as absent ([`Store::reusable`]) and write it again, which makes it young. A build
-//! that reused an object before it was condemned tags its image after checking, as late as the write
-//! allows, that nothing the image reaches is condemned or gone ([`Store::image_unreusable`], checked
-//! by every tag write): within `grace` of the condemnation the run that would delete the object sees it
-//! referenced; later, the check sees the mark and the tag is refused. So a build slower than `grace`
-//! fails instead of naming deleted objects (the soak on MooseFS saw one take 10 s against a 5 s grace). With a zero grace there is no second phase: the
+//! that reused an object before it was condemned tags its image, and every tag write first checks, as
+//! late as the write allows, that nothing the image reaches is gone, pardoning (unmarking) what is
+//! condemned ([`Store::revive_image`]): a tag written before the deleting run lists the tags keeps the
+//! object, and a writer slower than `grace` — the soak on MooseFS saw a build take 10 s against a 5 s
+//! grace — finds the object gone and is refused instead of naming deleted objects. The window left: a
+//! tag write while the run that deletes what it names is under way. With a zero grace there is no second phase: the
 //! objects are deleted at once, which is safe only when nothing builds meanwhile.
-//! The one window left: a writer that finds a condemnation mark and rewrites the object in the
-//! milliseconds between the deleting run's check and its delete (S3 has no conditional delete).
+//! The one window left: a writer that finds a condemnation mark and rewrites the object (or tags it)
+//! while the deleting run is under way, between its listing and its delete (S3 has no conditional
+//! delete).
 //! **Images in use must stay tagged**: a node running sandboxes of an image that no tag names any more
 //! reads its uncached chunks from the store, and they are gone after a collection.
 //! A dry run reports what would be deleted.

@@ -334,10 +334,11 @@ fn times_in_whole_seconds_never_shorten_the_grace() {
     assert_eq!(r.deleted, 4, "{r:?}");
 }
 
-/// A tag write's check (`Store::image_unreusable`, its keys checked on several threads) names the
-/// first object in the image's order that is condemned or gone, however many blobs a layer has.
+/// A tag write's check (`Store::revive_image`, its keys checked on several threads) pardons what gc
+/// condemned and names the first object in the image's order that is gone, however many blobs a layer
+/// has.
 #[test]
-fn the_tag_check_names_the_first_condemned_or_missing_object() {
+fn the_tag_check_pardons_condemned_objects_and_names_the_first_gone() {
     let w = World::new();
     let s = &w.store;
     let mut d = descriptor(1);
@@ -365,13 +366,18 @@ fn the_tag_check_names_the_first_condemned_or_missing_object() {
             annotations: Default::default(),
         })
         .expect("manifest");
-    assert_eq!(s.image_unreusable(&m).expect("check"), None);
+    assert_eq!(s.revive_image(&m).expect("check"), None);
     let blob = |i: usize| key::blob(&d.blobs[i].digest);
     for i in [17, 13] {
         s.put_index(&key::condemned(&blob(i)), b"condemned\n".to_vec())
             .expect("mark");
     }
-    assert_eq!(s.image_unreusable(&m).expect("check"), Some(blob(13)));
-    s.delete(&blob(5)).expect("delete");
-    assert_eq!(s.image_unreusable(&m).expect("check"), Some(blob(5)));
+    assert_eq!(s.revive_image(&m).expect("check"), None);
+    for i in [17, 13] {
+        assert!(s.reusable(&blob(i)).expect("head"), "blob {i} pardoned");
+    }
+    for i in [9, 5] {
+        s.delete(&blob(i)).expect("delete");
+    }
+    assert_eq!(s.revive_image(&m).expect("check"), Some(blob(5)));
 }

@@ -103,6 +103,7 @@ struct Built {
 /// Runs `strata ARGS` on `m`, retrying while it exits with a conflict (4: a tag moved meanwhile,
 /// by another builder or by compaction).
 fn ok_retrying_conflicts(m: &Machine, store: &StoreEnv, args: &[&str]) -> u32 {
+    let mut last = String::new();
     for conflicts in 0..20 {
         let t = Instant::now();
         let o = m.strata(store, args);
@@ -117,8 +118,12 @@ fn ok_retrying_conflicts(m: &Machine, store: &StoreEnv, args: &[&str]) -> u32 {
             m.name,
             String::from_utf8_lossy(&o.stderr)
         );
+        last = String::from_utf8_lossy(&o.stderr).into_owned();
     }
-    panic!("{}: strata {args:?}: 20 conflicts in a row", m.name);
+    panic!(
+        "{}: strata {args:?}: 20 conflicts in a row, the last: {last}",
+        m.name
+    );
 }
 
 /// Builds builder `k`'s round `r` and tags it; retries a build whose foreign blob gc condemned.

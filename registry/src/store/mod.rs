@@ -125,7 +125,7 @@ pub enum StoreError {
         expected: String,
         found: String,
     },
-    /// A tag write refused: an object its image reaches is condemned by gc or gone (a build or a copy
+    /// A tag write refused: an object its image reaches is gone (deleted by gc under a build or copy
     /// slower than gc's grace period, or an image untagged long ago).
     #[error("tag {tag} not set: {key}, which its image needs, was condemned or deleted by gc meanwhile; nothing was written: build or copy the image again")]
     Unreachable { tag: String, key: String },
@@ -371,10 +371,9 @@ impl Store {
         Ok(self.exists(key)? && !self.exists(&key::condemned(key))?)
     }
 
-    /// After writing `key` because it was not reusable: if gc had condemned it, its mark goes. The object
-    /// is younger than the mark now, which gc would not delete either (it keeps such an object and drops
-    /// the mark itself), but until gc's next run the mark would make the image's tag write refuse it
-    /// ([`Store::image_unreusable`]).
+    /// After writing `key` because it was not reusable (or before tagging what reaches it:
+    /// [`Store::revive_image`]): if gc had condemned it, its mark goes, as gc itself drops the mark of an
+    /// object it finds written since or tagged.
     fn written_again(&self, key: &str) -> Result<(), StoreError> {
         let mark = key::condemned(key);
         if self.exists(&mark)? {
@@ -402,13 +401,22 @@ impl Store {
     }
 
     /// The first of `keys` that cannot be relied on by a new reference ([`Store::reusable`]), if any.
-    /// Two requests a key, a round trip each on S3: checked on up to 8 threads at once, so an image of
-    /// a few layers and dozens of blobs costs a few round trips, not a hundred.
     fn first_unreusable(&self, keys: &[String]) -> Result<Option<String>, StoreError> {
+        self.first_failing(keys, &|k| self.reusable(k))
+    }
+
+    /// The first of `keys` for which `ok` is false, if any. Each check is a request or two, a round
+    /// trip each on S3: up to 8 threads at once, so an image of a few layers and dozens of blobs costs a
+    /// few round trips, not a hundred.
+    fn first_failing(
+        &self,
+        keys: &[String],
+        ok: &(dyn Fn(&str) -> Result<bool, StoreError> + Sync),
+    ) -> Result<Option<String>, StoreError> {
         const AT_ONCE: usize = 8;
         let first_of = |part: &[String]| -> Result<Option<String>, StoreError> {
             for k in part {
-                if !self.reusable(k)? {
+                if !ok(k)? {
                     return Ok(Some(k.clone()));
                 }
             }
@@ -606,12 +614,26 @@ impl Store {
         self.get_json(d, key::manifest)
     }
 
-    /// The first object image `d` reaches (its manifest, each layer's objects: [`Self::layer_unreusable`])
-    /// that cannot be relied on by a new reference, if any. A damaged manifest or descriptor is not
-    /// reported: gc stops at a broken image before deleting anything.
-    pub fn image_unreusable(&self, d: &Digest) -> Result<Option<String>, StoreError> {
+    /// Makes image `d` safe to name in a new tag, as gc would by finding it tagged: every object it
+    /// reaches (its manifest, each layer's objects: [`Self::layer_keys`]) that gc condemned loses its
+    /// mark. Returns the first one that is gone, if any — gc deleted it, and the image cannot be tagged.
+    /// A damaged manifest or descriptor is not reported: gc stops at a broken image before deleting.
+    ///
+    /// Pardoning, not refusing, a condemned object: a tag written before gc's deleting run lists the tags
+    /// keeps the object anyway (gc pardons what a tag reaches), and a writer that finds the object still
+    /// there is before that deleting run — unless the run is under way at that very moment, the window
+    /// `crate::gc` names. Refusing would also refuse images that a build reused an old object for while a
+    /// gc ran, until gc's next run (the soak saw 20 refusals in a row).
+    pub fn revive_image(&self, d: &Digest) -> Result<Option<String>, StoreError> {
+        let revive = |k: &str| -> Result<bool, StoreError> {
+            if !self.exists(k)? {
+                return Ok(false);
+            }
+            self.written_again(k)?;
+            Ok(true)
+        };
         let key = key::manifest(d);
-        if !self.reusable(&key)? {
+        if !revive(&key)? {
             return Ok(Some(key));
         }
         // A manifest that cannot be read as one is a broken image, which gc refuses to collect past
@@ -630,7 +652,7 @@ impl Store {
                 Err(e) => return Err(e),
             };
         }
-        self.first_unreusable(&keys)
+        self.first_failing(&keys, &revive)
     }
 
     /// True if `d` names a manifest in this store.

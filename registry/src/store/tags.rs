@@ -154,13 +154,12 @@ impl Store {
         self.tag_swap(t, Some(prev), None, None)
     }
 
-    /// That tag `t` may name image `d`: its manifest exists, and nothing it reaches is condemned by gc
-    /// or gone ([`Store::image_unreusable`]). Checked as late as the write allows: under the lock where
-    /// tags change under one, else just before the conditional put. So a writer that found its objects
-    /// long before — a build that outlasted gc's grace period, a lock wait, a stalled machine — is
-    /// refused rather than naming what gc is about to delete (or has deleted): gc deletes only what it
-    /// condemned a grace period earlier, and the check would have seen the mark. What is left is the
-    /// check-to-write window, milliseconds, which the grace period must exceed (`crate::gc`).
+    /// That tag `t` may name image `d`: its manifest exists, nothing it reaches is gone, and what gc
+    /// condemned is pardoned ([`Store::revive_image`]). Done as late as the write allows: under the lock
+    /// where tags change under one, else just before the conditional put. So a writer that found its
+    /// objects long before — a build that outlasted gc's grace period, a lock wait, a stalled machine —
+    /// is refused once gc has deleted any of them, rather than naming them. What is left is a deleting
+    /// gc run under way during the check and the write (`crate::gc`).
     fn check_image(&self, t: &TagName, d: Option<&Digest>) -> Result<(), StoreError> {
         let Some(d) = d else {
             return Ok(());
@@ -168,7 +167,7 @@ impl Store {
         if !self.has_manifest(d)? {
             return Err(StoreError::NotFound(key::manifest(d)));
         }
-        match self.image_unreusable(d)? {
+        match self.revive_image(d)? {
             Some(key) => Err(StoreError::Unreachable {
                 tag: t.to_string(),
                 key,
