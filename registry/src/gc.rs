@@ -24,12 +24,11 @@
 //! late as the write allows, that nothing the image reaches is gone, pardoning (unmarking) what is
 //! condemned ([`Store::revive_image`]): a tag written before the deleting run lists the tags keeps the
 //! object, and a writer slower than `grace` — the soak on MooseFS saw a build take 10 s against a 5 s
-//! grace — finds the object gone and is refused instead of naming deleted objects. The window left: a
-//! tag write while the run that deletes what it names is under way. With a zero grace there is no second phase: the
-//! objects are deleted at once, which is safe only when nothing builds meanwhile.
-//! The one window left: a writer that finds a condemnation mark and rewrites the object (or tags it)
-//! while the deleting run is under way, between its listing and its delete (S3 has no conditional
-//! delete).
+//! grace — finds the object gone and is refused instead of naming deleted objects. With a zero grace
+//! there is no second phase: the objects are deleted at once, which is safe only when nothing builds
+//! meanwhile. The one window left: a writer that finds a condemnation mark and rewrites the object (or
+//! tags it) while the deleting run is under way, between its listing and its delete (S3 has no
+//! conditional delete).
 //! **Images in use must stay tagged**: a node running sandboxes of an image that no tag names any more
 //! reads its uncached chunks from the store, and they are gone after a collection.
 //! A dry run reports what would be deleted.

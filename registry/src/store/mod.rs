@@ -374,7 +374,7 @@ impl Store {
     /// After writing `key` because it was not reusable (or before tagging what reaches it:
     /// [`Store::revive_image`]): if gc had condemned it, its mark goes, as gc itself drops the mark of an
     /// object it finds written since or tagged.
-    fn written_again(&self, key: &str) -> Result<(), StoreError> {
+    fn unmark(&self, key: &str) -> Result<(), StoreError> {
         let mark = key::condemned(key);
         if self.exists(&mark)? {
             self.backend.delete(&mark)?;
@@ -453,7 +453,7 @@ impl Store {
         }
         self.backend
             .put(key, Bytes::from(data), PutMode::Overwrite)?;
-        self.written_again(key)
+        self.unmark(key)
     }
 
     /// Writes a small index object (not content addressed: an `oci/` import record, a plan pointer),
@@ -524,7 +524,7 @@ impl Store {
                 let _ = std::fs::remove_file(file);
             }
         }
-        self.written_again(&key)
+        self.unmark(&key)
     }
 
     /// Stores a JSON object under the key `key_of` gives for its digest.
@@ -561,7 +561,7 @@ impl Store {
             let key = key::layer(&d);
             self.backend
                 .put(&key, Bytes::from(l.to_bytes()), PutMode::Overwrite)?;
-            self.written_again(&key)?;
+            self.unmark(&key)?;
         }
         Ok(d)
     }
@@ -629,7 +629,7 @@ impl Store {
             if !self.exists(k)? {
                 return Ok(false);
             }
-            self.written_again(k)?;
+            self.unmark(k)?;
             Ok(true)
         };
         let key = key::manifest(d);

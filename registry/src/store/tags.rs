@@ -164,10 +164,8 @@ impl Store {
         let Some(d) = d else {
             return Ok(());
         };
-        if !self.has_manifest(d)? {
-            return Err(StoreError::NotFound(key::manifest(d)));
-        }
         match self.revive_image(d)? {
+            Some(key) if key == key::manifest(d) => Err(StoreError::NotFound(key)),
             Some(key) => Err(StoreError::Unreachable {
                 tag: t.to_string(),
                 key,
