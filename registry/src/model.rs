@@ -9,6 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use strata_api::ErrorKind;
 
 pub use crate::config::{ImageConfig, LayerConfig};
 use crate::digest::Digest;
@@ -227,6 +228,22 @@ pub enum ModelError {
     Schema { what: &'static str, found: u32 },
     #[error("invalid {what}: {why}")]
     Invalid { what: &'static str, why: String },
+    /// A tag or reference as a user wrote it that does not parse (input, not stored data).
+    #[error("invalid {what}: {why}")]
+    Reference { what: &'static str, why: String },
+}
+
+impl ModelError {
+    /// What kind of failure this is: a reference that does not parse is bad input; a stored
+    /// object that does not parse or breaks its invariants is corrupt data.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ModelError::Reference { .. } => ErrorKind::Invalid,
+            ModelError::Json { .. } | ModelError::Schema { .. } | ModelError::Invalid { .. } => {
+                ErrorKind::Corrupt
+            }
+        }
+    }
 }
 
 /// Serialization shared by the JSON objects.
@@ -311,7 +328,7 @@ pub struct TagName {
 impl TagName {
     /// Parses `name:tag` (`name` alone means `name:latest`).
     pub fn parse(s: &str) -> Result<TagName, ModelError> {
-        let bad = |why: &str| ModelError::Invalid {
+        let bad = |why: &str| ModelError::Reference {
             what: "tag",
             why: format!("{s:?}: {why}"),
         };
@@ -374,7 +391,7 @@ impl Reference {
             return s
                 .parse()
                 .map(Reference::Digest)
-                .map_err(|e| ModelError::Invalid {
+                .map_err(|e| ModelError::Reference {
                     what: "reference",
                     why: e.to_string(),
                 });

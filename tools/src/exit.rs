@@ -37,19 +37,9 @@ pub use strata_cli::SandboxState;
 #[error("{0}")]
 pub struct Usage(pub String);
 
+/// A store error's code: its kind's, as the daemon's control API reports the same error.
 fn store_code(e: &StoreError) -> i32 {
-    match e {
-        StoreError::NotFound(_) | StoreError::NoStore { .. } | StoreError::NoBucket { .. } => 3,
-        StoreError::TagConflict { .. }
-        | StoreError::TagTaken { .. }
-        | StoreError::Unreachable { .. } => 4,
-        StoreError::Corrupt { .. } | StoreError::Malformed { .. } | StoreError::Model(_) => 5,
-        StoreError::Backend { .. }
-        | StoreError::Timeout { .. }
-        | StoreError::NoConditionalWrites { .. } => 6,
-        StoreError::BadUrl { .. } => 2,
-        _ => 1,
-    }
+    e.kind().exit_code()
 }
 
 fn oci_code(e: &OciError) -> i32 {
@@ -115,7 +105,10 @@ pub fn code(e: &anyhow::Error) -> i32 {
         if let Some(c) = strata_cli::code_of(cause) {
             return c;
         }
-        if cause.downcast_ref::<ModelError>().is_some() || cause.downcast_ref::<Usage>().is_some() {
+        if let Some(m) = cause.downcast_ref::<ModelError>() {
+            return m.kind().exit_code();
+        }
+        if cause.downcast_ref::<Usage>().is_some() {
             return 2;
         }
         if cause.downcast_ref::<NotFound>().is_some() {
@@ -149,5 +142,18 @@ mod tests {
             message(&e),
             "mounting sb1: cannot reach stratad at /x: entity not found"
         );
+    }
+
+    #[test]
+    fn store_failures_exit_with_their_kinds_code() {
+        use strata_registry::model::{JsonObject, Manifest, TagName};
+        let bad_tag = TagName::parse("Bad Tag").map(|_| ()).unwrap_err();
+        assert_eq!(code(&anyhow::Error::new(bad_tag)), 2);
+        let bad_json = Manifest::from_bytes(b"[").map(|_| ()).unwrap_err();
+        let stored = StoreError::Model(bad_json);
+        assert_eq!(stored.kind(), strata_api::ErrorKind::Corrupt);
+        assert_eq!(code(&anyhow::Error::new(stored).context("reading x")), 5);
+        let gone = GcError::Store(StoreError::NotFound("blobs/x".into()));
+        assert_eq!(code(&anyhow::Error::new(gone)), 3);
     }
 }

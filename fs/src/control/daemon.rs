@@ -134,16 +134,7 @@ impl DaemonError {
                 crate::control::vm::VmError::TooManyDrives { .. }
                 | crate::control::vm::VmError::ScratchTooSmall(_),
             ) => ErrorKind::Invalid,
-            DaemonError::Store(e) if e.is_not_found() => ErrorKind::NotFound,
-            DaemonError::Store(e) => match e {
-                StoreError::Model(_) | StoreError::BadUrl { .. } => ErrorKind::Invalid,
-                StoreError::TagConflict { .. }
-                | StoreError::TagTaken { .. }
-                | StoreError::Unreachable { .. } => ErrorKind::Conflict,
-                StoreError::Corrupt { .. } | StoreError::Malformed { .. } => ErrorKind::Corrupt,
-                StoreError::Backend { .. } | StoreError::Timeout { .. } => ErrorKind::Store,
-                _ => ErrorKind::Internal,
-            },
+            DaemonError::Store(e) => e.kind(),
             _ => ErrorKind::Internal,
         }
     }

@@ -36,6 +36,7 @@ pub mod conditional;
 #[doc(hidden)]
 pub mod conformance;
 pub mod direct;
+mod error;
 pub mod fault;
 pub(crate) mod frames;
 mod image_size;
@@ -55,10 +56,11 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::digest::Digest;
-use crate::model::{JsonObject, LayerDescriptor, Manifest, ModelError};
+use crate::model::{JsonObject, LayerDescriptor, Manifest};
 use crate::toc::{Footer, Toc, TocError, FOOTER_LEN};
 
 pub use backend::ObjectStoreBackend;
+pub use error::StoreError;
 pub use fault::{Fault, FaultId, FaultKind, FaultyStore, Op};
 pub use memory::MemoryStore;
 pub use object::{ObjectMeta, PutMode, StoreBackend, Version};
@@ -84,105 +86,6 @@ impl Default for StoreOptions {
         StoreOptions {
             timeout: DEFAULT_STORE_TIMEOUT,
         }
-    }
-}
-
-/// Errors of a store.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("not found in store: {0}")]
-    NotFound(String),
-    /// The backend failed: its client's error (object_store's, kept as the source without naming
-    /// its type here) or what was wrong with its answer.
-    #[error("{url}: {key}: {source}")]
-    Backend {
-        url: String,
-        key: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    #[error("{url}: {key}: no answer within {after:?}")]
-    Timeout {
-        url: String,
-        key: String,
-        after: Duration,
-    },
-    #[error("precondition failed writing {0}")]
-    Precondition(String),
-    #[error("{key} is corrupt in the store: expected {expected}, found {actual}")]
-    Corrupt {
-        key: String,
-        expected: Digest,
-        actual: Digest,
-    },
-    #[error("{key} is corrupt in the store: {why}")]
-    Malformed { key: String, why: String },
-    #[error("tag {tag} already names another image ({found}); pass --force to move it")]
-    TagTaken { tag: String, found: String },
-    #[error("tag {tag} was changed concurrently (expected {expected}, found {found}); nothing was changed")]
-    TagConflict {
-        tag: String,
-        expected: String,
-        found: String,
-    },
-    /// A tag write refused: an object its image reaches is gone (deleted by gc under a build or copy
-    /// slower than gc's grace period, or an image untagged long ago).
-    #[error("tag {tag} not set: {key}, which its image needs, was condemned or deleted by gc meanwhile; nothing was written: build or copy the image again")]
-    Unreachable { tag: String, key: String },
-    #[error(
-        "store {url} does not exist (no directory {path}); the first build or import creates it"
-    )]
-    NoStore { url: String, path: PathBuf },
-    /// An `s3://` store whose bucket does not exist (every request answers `NoSuchBucket`).
-    #[error("store {url} does not exist (no bucket {bucket}); create the bucket first")]
-    NoBucket { url: String, bucket: String },
-    /// An S3 server that ignores a conditional-write header (found by [`conditional`]'s probe):
-    /// nothing was written, since the write could not be made safely.
-    #[error(
-        "{url} ignores {feature}: tags cannot move safely there; nothing was written \
-         (set STRATA_TAG_LOCK to a lock file all tag writers share: docs/STORES.md)"
-    )]
-    NoConditionalWrites { url: String, feature: &'static str },
-    #[error("invalid store URL {url:?}: {why}")]
-    BadUrl { url: String, why: String },
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{0}")]
-    Model(#[from] ModelError),
-}
-
-impl StoreError {
-    pub(crate) fn io(path: impl AsRef<Path>, source: std::io::Error) -> StoreError {
-        StoreError::Io {
-            path: path.as_ref().to_path_buf(),
-            source,
-        }
-    }
-
-    /// True when the object simply does not exist.
-    pub fn is_not_found(&self) -> bool {
-        matches!(self, StoreError::NotFound(_))
-    }
-
-    /// True when the object is missing or damaged (absent, corrupt, malformed), as opposed to a store
-    /// that failed or did not answer.
-    pub fn is_damaged(&self) -> bool {
-        matches!(
-            self,
-            StoreError::NotFound(_)
-                | StoreError::Corrupt { .. }
-                | StoreError::Malformed { .. }
-                | StoreError::Model(_)
-        )
-    }
-
-    /// True when the store did not answer in time.
-    pub fn is_timeout(&self) -> bool {
-        matches!(self, StoreError::Timeout { .. })
     }
 }
 
