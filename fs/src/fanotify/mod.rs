@@ -39,6 +39,7 @@
 //! and held when the successor is made ([`Server::new`]), before its start opens more descriptors.
 
 pub mod area;
+pub mod pages;
 pub mod sys;
 pub mod views;
 
@@ -242,6 +243,16 @@ impl Server {
         for a in leftovers {
             if let Err(mpsc::SendError(Work::Adopted(a))) = tx.send(Work::Adopted(a)) {
                 self.context().adopt(a);
+            }
+        }
+        let (stop, views) = (self.stop.clone(), self.views.clone());
+        match std::thread::Builder::new()
+            .name("fan-pages".into())
+            .spawn(move || drop_pages(&views, &stop))
+        {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the view files' page dropper: read data stays cached twice")
             }
         }
         let ctx = self.context();
@@ -450,6 +461,7 @@ impl Context {
         let answer = self.fill(&job.view, job.offset, job.count, job.pid);
         if answer == Answer::Allow {
             self.stats.fills.fetch_add(1, Ordering::Relaxed);
+            job.view.touched.note(job.offset, job.count, false);
         }
         self.answer(job.number, answer);
         if let Some(s) = job.slot {
@@ -594,6 +606,9 @@ fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender
             if own || view.filled(range) {
                 ctx.stats.hits.fetch_add(1, Ordering::Relaxed);
                 ctx.answer(number, Answer::Allow);
+                if !own {
+                    view.touched.note(offset, count, false);
+                }
                 continue;
             }
             let record = encode(&view.blob.blob.digest, offset, count, ev.pid);
@@ -612,6 +627,17 @@ fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender
             }
         }
     }
+}
+
+/// Drops the view files' pages the kernel has had ([`pages`]) until `stop`, and once more after it
+/// (a handover: the successor starts with nothing noted).
+fn drop_pages(views: &Views, stop: &AtomicBool) {
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(pages::PASS);
+        pages::drop_pass(&views.all(), std::time::Instant::now());
+    }
+    let later = std::time::Instant::now() + pages::DELAY;
+    pages::drop_pass(&views.all(), later);
 }
 
 /// A journal record: blob digest, offset, count, reader.

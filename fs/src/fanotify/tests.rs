@@ -270,11 +270,21 @@ impl Handover {
         next.run();
         let out = self.reader.join().expect("reader");
         assert!(out.status.success(), "{out:?}");
+        let diff = out
+            .stdout
+            .iter()
+            .zip(&self.t.want)
+            .position(|(a, b)| a != b);
         assert!(
             out.stdout == self.t.want,
-            "the waiting reader got the bytes"
+            "the waiting reader got the bytes: len {} vs {}, first difference at {diff:?}",
+            out.stdout.len(),
+            self.t.want.len()
         );
-        assert!(next.journal.slot_leftovers().is_empty(), "journal cleared");
+        // Cleared after the answer: the reader may be done first.
+        crate::testkit::wait_until("journal cleared", || {
+            next.journal.slot_leftovers().is_empty()
+        });
         next
     }
 }
@@ -467,5 +477,95 @@ fn a_scrub_finds_a_chunk_gone_bad_at_rest_and_its_next_read_refills_it() {
     assert!(cat(&path).stdout == want);
     assert!(kit.faults.reads(&key) > fetched, "refetched");
     assert_eq!(s.scrub().1.bad, 0);
+    s.stop();
+}
+
+/// Pages of `path` in the page cache, by `cachestat(2)` (Linux 6.5+). Not `fincore`: it maps the
+/// file, and mapping a watched file is a pre-content event for the whole file, which fills it all.
+fn resident(path: &std::path::Path) -> u64 {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let f = std::fs::File::open(path).expect("open view file");
+    let range = Range { off: 0, len: 0 };
+    let mut st = Stat::default();
+    // SAFETY: the syscall reads `range` and writes `st`, both live and of the kernel's layout.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            &range as *const Range,
+            &mut st as *mut Stat,
+            0u32,
+        )
+    };
+    assert_eq!(r, 0, "cachestat: {}", std::io::Error::last_os_error());
+    st.cache
+}
+
+#[test]
+fn a_view_files_pages_are_dropped_once_the_kernel_had_them() {
+    let Some(Served {
+        _dir,
+        s,
+        path,
+        want,
+        blob,
+        ..
+    }) = served()
+    else {
+        return;
+    };
+    let view = s.views.get(&blob).expect("view");
+    let later = || std::time::Instant::now() + pages::DELAY;
+    // A reader's miss: its chunk is written through the page cache, and read from there.
+    let out = Command::new("head")
+        .args(["-c", "4096"])
+        .arg(&path)
+        .output();
+    assert!(out.expect("run head").stdout == want[..4096]);
+    assert!(!view.complete());
+    assert!(resident(&path) > 0, "the filled chunk is read from memory");
+    // Not before the delay: the kernel may not have read it yet.
+    pages::drop_pass(&s.views.all(), std::time::Instant::now());
+    assert!(resident(&path) > 0, "young pages stay");
+    let dropped = pages::drop_pass(&s.views.all(), later());
+    assert_eq!(
+        dropped.synced, 1,
+        "written pages are synced before they are dropped"
+    );
+    assert_eq!(
+        resident(&path),
+        0,
+        "then no page of the view file is cached"
+    );
+    // Dropped pages come back from the disk, the right bytes, without a fetch (a hit).
+    let hits = s.stats.hits.load(Ordering::Relaxed);
+    let out = Command::new("head")
+        .args(["-c", "4096"])
+        .arg(&path)
+        .output();
+    assert!(out.expect("run head").stdout == want[..4096]);
+    assert!(s.stats.hits.load(Ordering::Relaxed) > hits);
+    // A complete file is not watched: its reads are not noted, its whole cache goes on each pass.
+    assert!(cat(&path).stdout == want);
+    crate::testkit::wait_until("complete file unwatched", || {
+        view.unmarked.load(Ordering::Acquire)
+    });
+    // (The server's own pass, every 100 ms, is what drops them: no read of it is noted.)
+    assert!(cat(&path).stdout == want);
+    crate::testkit::wait_until("a complete file's pages dropped", || resident(&path) == 0);
     s.stop();
 }

@@ -2,10 +2,12 @@
 //!
 //! A view file has the size of the blob's view (`Toc::view_size`) and starts as one hole. Chunk `i`
 //! lives where the blob server would show it: at block `chunks[i].block`, `len` bytes, then zeros to
-//! the block's end. Filling a chunk writes its verified bytes and padding with direct I/O (whole
-//! blocks from an aligned buffer), so the view file's own pages never enter the page cache: the only
-//! copy in memory is the one EROFS keeps of what sandboxes read (EROFS mounts these files with its
-//! `directio` option).
+//! the block's end. Filling a chunk writes its verified bytes and padding through the page cache
+//! (whole blocks), so the kernel reads a range it was just allowed from memory; [`super::pages`]
+//! drops those pages again once the kernel has had them, so that what sandboxes read stays in memory
+//! once, in EROFS's page cache. The server's own reads of a file (checking a chunk, a scrub, another
+//! mode reading a kept chunk) go through a second descriptor with direct I/O: they read what is on
+//! disk (the kernel writes a dirty range out before a direct read of it) and cache nothing.
 //!
 //! **The blob's home.** A view file is where the fetcher puts the blob's chunks (`fetch::home`): each
 //! chunk it verifies is written here ([`ChunkHome::take`]) instead of into the chunk cache, so a miss
@@ -43,6 +45,8 @@ use crate::attribution::with_reader;
 use crate::fetch::{BlobHandle, ChunkHome, FetchError, Fetcher};
 use crate::metadir::{trim_lru, Candidate};
 
+use super::pages::Touched;
+
 /// Chunk states in a view file's bitmap.
 const UNKNOWN: u8 = 0;
 const HOLE: u8 = 1;
@@ -63,7 +67,12 @@ pub enum FillError {
 pub struct ViewFile {
     pub blob: Arc<BlobHandle>,
     pub path: PathBuf,
+    /// Written (and read by the kernel) through the page cache.
     file: File,
+    /// The same file with direct I/O, for this server's own reads.
+    direct: File,
+    /// Ranges touched lately, whose pages [`super::pages`] drops.
+    pub touched: Touched,
     chunks: Vec<AtomicU8>,
     /// Chunks in state [`FILLED`].
     filled: AtomicUsize,
@@ -135,11 +144,15 @@ impl Views {
             .create(true)
             .truncate(false)
             .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
             .open(&path)?;
         if fresh {
             file.set_len(size)?;
         }
+        // Both descriptors before the mark: their accesses then cause no events.
+        let direct = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(&path)?;
         mark(&path)?;
         let meta = file.metadata()?;
         let state = if fresh { HOLE } else { UNKNOWN };
@@ -147,6 +160,8 @@ impl Views {
             blob: blob.clone(),
             path,
             file,
+            direct,
+            touched: Touched::default(),
             chunks: (0..blob.toc.chunks.len())
                 .map(|_| AtomicU8::new(state))
                 .collect(),
@@ -377,7 +392,19 @@ impl ViewFile {
     /// Writes chunk `i`'s whole blocks (`blocks`: its bytes then zeros, from an aligned buffer).
     fn write_chunk(&self, i: usize, blocks: &[u8]) -> Result<(), FillError> {
         let pos = self.blob.toc.chunks[i].block as u64 * BLOCK_SIZE;
-        self.own(pos, blocks.len() as u64, || self.write_all(blocks, pos))
+        self.own(pos, blocks.len() as u64, || self.write_all(blocks, pos))?;
+        self.touched.note(pos, blocks.len() as u64, true);
+        Ok(())
+    }
+
+    /// Writes the file's dirty pages to disk ([`super::pages`] drops only clean ones).
+    pub fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    /// The descriptor the kernel's page cache of this file is advised through.
+    pub(super) fn cached(&self) -> &File {
+        &self.file
     }
 
     fn set_filled(&self, i: usize) {
@@ -490,7 +517,7 @@ impl ViewFile {
         let c = self.blob.toc.chunks[i];
         let at = c.block as u64 * BLOCK_SIZE;
         let len = c.len as usize;
-        let (buf, s) = self.own(at, c.len as u64, || direct::read(&self.file, at, len))?;
+        let (buf, s) = self.own(at, c.len as u64, || direct::read(&self.direct, at, len))?;
         Ok(Digest::of(&buf[s..s + len]) == c.digest)
     }
 
@@ -521,7 +548,7 @@ impl ViewFile {
 }
 
 /// The fetcher hands this blob's verified chunks straight to its view file (see `fetch::home`):
-/// written with direct I/O, then marked filled, and readers waiting to fill the chunk are woken.
+/// written through the page cache, then marked filled, and readers waiting to fill the chunk are woken.
 impl ChunkHome for ViewFile {
     fn take(&self, j: usize, bytes: &[u8]) -> bool {
         let Some(c) = self.blob.toc.chunks.get(j) else {
@@ -566,7 +593,7 @@ impl ChunkHome for ViewFile {
         }
         let at = c.block as u64 * BLOCK_SIZE + offset;
         let (data, start) = self.own(at, buf.len() as u64, || {
-            direct::read(&self.file, at, buf.len())
+            direct::read(&self.direct, at, buf.len())
         })?;
         buf.copy_from_slice(&data[start..start + buf.len()]);
         Ok(())
