@@ -156,6 +156,41 @@ mod tests {
         assert!(written);
     }
 
+    proptest::proptest! {
+        /// Whatever was noted, what a pass takes is sorted, disjoint, in whole steps, and covers
+        /// every due range; what it leaves is exactly the ranges not yet due.
+        #[test]
+        fn taken_ranges_cover_every_due_range_once(
+            notes in proptest::collection::vec((0u64..64 << 20, 1u64..4 << 20, proptest::bool::ANY, proptest::bool::ANY), 0..40),
+        ) {
+            let t = Touched::default();
+            let young = Instant::now() + Duration::from_secs(3600);
+            for &(o, n, w, due) in &notes {
+                // A range not due is noted "in the future" (after the cutoff).
+                let at = if due { Instant::now() } else { young };
+                t.ranges.lock().unwrap().push((o, n, w, at));
+            }
+            let cutoff = Instant::now();
+            let (taken, written) = t.take_before(cutoff, cutoff);
+            let step = strata_registry::store::direct::DROP_STEP;
+            for w in taken.windows(2) {
+                proptest::prop_assert!(w[0].0 + w[0].1 < w[1].0, "sorted, disjoint, not touching");
+            }
+            for &(o, n) in &taken {
+                proptest::prop_assert!(o % step == 0 && n % step == 0 && n > 0);
+            }
+            for &(o, n, _, due) in &notes {
+                if due {
+                    let covered = taken.iter().any(|&(s, l)| s <= o && o + n <= s + l);
+                    proptest::prop_assert!(covered, "{o}+{n} not covered by {taken:?}");
+                }
+            }
+            proptest::prop_assert_eq!(written, notes.iter().any(|&(_, _, w, due)| w && due));
+            let left = t.ranges.lock().unwrap().len();
+            proptest::prop_assert_eq!(left, notes.iter().filter(|n| !n.3).count());
+        }
+    }
+
     #[test]
     fn reads_go_sooner_than_writes() {
         let t = Touched::default();
