@@ -148,7 +148,7 @@ fn build_round(m: &Machine, store: &StoreEnv, k: u32, r: u32) -> Built {
             };
         }
         assert!(
-            err.contains("condemned or deleted by gc"),
+            err.contains("deleted by gc meanwhile"),
             "{}: build of {tag}: {err}",
             m.name
         );

@@ -15,7 +15,9 @@
 //! (`POSIX_FADV_DONTNEED`), which drops the clean pages. EROFS keeps its own copy of what it read; a
 //! page it evicts later comes back from the view file on disk (an event, allowed at once). A complete
 //! view file is no longer watched, so its reads are not reported: its whole cache is dropped on
-//! every pass. So a byte read stays in memory twice for a few hundred milliseconds at most.
+//! every pass. So a byte that was in the view file already stays in memory twice for a few hundred
+//! milliseconds at most; a byte a miss had to fill, up to [`DELAY`] (written pages are dropped only
+//! once written out, with the written range).
 //!
 //! Safe by construction: dropping a page never changes what a read sees — a clean page's bytes are on
 //! disk, a dirty page is not dropped, a page being read is locked and skipped. The delay only decides

@@ -381,18 +381,23 @@ impl ViewFile {
             // The fetch wrote it here itself (this file is the blob's home).
             return Ok(true);
         }
-        let c = self.blob.toc.chunks[i];
-        let (mut buf, at) = aligned(c.blocks() * BLOCK_SIZE);
-        bytes.read_at(&mut buf[at..at + c.len as usize], 0)?;
-        self.write_chunk(i, &buf[at..at + (c.blocks() * BLOCK_SIZE) as usize])?;
+        self.write_chunk(i, |buf| bytes.read_at(buf, 0))?;
         self.set_filled(i);
         Ok(true)
     }
 
-    /// Writes chunk `i`'s whole blocks (`blocks`: its bytes then zeros, from an aligned buffer).
-    fn write_chunk(&self, i: usize, blocks: &[u8]) -> Result<(), FillError> {
-        let pos = self.blob.toc.chunks[i].block as u64 * BLOCK_SIZE;
-        self.own(pos, blocks.len() as u64, || self.write_all(blocks, pos))?;
+    /// Writes chunk `i`'s whole blocks: its bytes, which `copy` puts into a buffer of exactly the
+    /// chunk's length, then zeros to the block's end.
+    fn write_chunk(
+        &self,
+        i: usize,
+        copy: impl FnOnce(&mut [u8]) -> Result<(), FetchError>,
+    ) -> Result<(), FillError> {
+        let c = self.blob.toc.chunks[i];
+        let mut blocks = vec![0u8; (c.blocks() * BLOCK_SIZE) as usize];
+        copy(&mut blocks[..c.len as usize])?;
+        let pos = c.block as u64 * BLOCK_SIZE;
+        self.own(pos, blocks.len() as u64, || self.write_all(&blocks, pos))?;
         self.touched.note(pos, blocks.len() as u64, true);
         Ok(())
     }
@@ -560,10 +565,11 @@ impl ChunkHome for ViewFile {
         if bytes.len() != c.len as usize {
             return false;
         }
-        let (mut buf, at) = aligned(c.blocks() * BLOCK_SIZE);
-        buf[at..at + bytes.len()].copy_from_slice(bytes);
-        let whole = (c.blocks() * BLOCK_SIZE) as usize;
-        if let Err(e) = self.write_chunk(j, &buf[at..at + whole]) {
+        let copy = |buf: &mut [u8]| -> Result<(), FetchError> {
+            buf.copy_from_slice(bytes);
+            Ok(())
+        };
+        if let Err(e) = self.write_chunk(j, copy) {
             tracing::warn!(blob = %self.blob.blob.digest, chunk = j, error = %e,
                 "a fetched chunk could not be written to its view file; cached instead");
             return false;
@@ -598,12 +604,4 @@ impl ChunkHome for ViewFile {
         buf.copy_from_slice(&data[start..start + buf.len()]);
         Ok(())
     }
-}
-
-/// A zeroed buffer with `len` bytes starting at a [`direct::ALIGN`]-aligned index (returned).
-fn aligned(len: u64) -> (Vec<u8>, usize) {
-    let align = direct::ALIGN as usize;
-    let buf = vec![0u8; len as usize + align];
-    let at = buf.as_ptr().align_offset(align);
-    (buf, at)
 }

@@ -53,7 +53,7 @@ pub enum StoreError {
     },
     /// A tag write refused: an object its image reaches is gone (deleted by gc under a build or copy
     /// slower than gc's grace period, or an image untagged long ago).
-    #[error("tag {tag} not set: {key}, which its image needs, was condemned or deleted by gc meanwhile; nothing was written: build or copy the image again")]
+    #[error("tag {tag} not set: {key}, which its image needs, was deleted by gc meanwhile; nothing was written: build or copy the image again")]
     Unreachable { tag: String, key: String },
     #[error(
         "store {url} does not exist (no directory {path}); the first build or import creates it"
@@ -118,15 +118,15 @@ impl StoreError {
     }
 
     /// True when the object is missing or damaged (absent, corrupt, malformed), as opposed to a store
-    /// that failed or did not answer.
+    /// that failed or did not answer — or a reference a user wrote that does not parse.
     pub fn is_damaged(&self) -> bool {
-        matches!(
-            self,
-            StoreError::NotFound(_)
-                | StoreError::Corrupt { .. }
-                | StoreError::Malformed { .. }
-                | StoreError::Model(_)
-        )
+        match self {
+            StoreError::NotFound(_) | StoreError::Corrupt { .. } | StoreError::Malformed { .. } => {
+                true
+            }
+            StoreError::Model(m) => m.kind() == ErrorKind::Corrupt,
+            _ => false,
+        }
     }
 
     /// True when the store did not answer in time.
@@ -150,6 +150,13 @@ mod tests {
         let bad_ref = Reference::parse("UPPER:case").map(|_| ()).unwrap_err();
         assert_eq!(code(StoreError::Model(bad_ref)), (2, 400));
         let bad_json = Manifest::from_bytes(b"{").map(|_| ()).unwrap_err();
+        assert!(
+            !StoreError::Model(Reference::parse("UPPER:case").map(|_| ()).unwrap_err())
+                .is_damaged()
+        );
+        assert!(
+            StoreError::Model(Manifest::from_bytes(b"{").map(|_| ()).unwrap_err()).is_damaged()
+        );
         assert_eq!(code(StoreError::Model(bad_json)), (5, 502));
         let bad_url = StoreError::BadUrl {
             url: "x".into(),
