@@ -6,7 +6,7 @@ alternating the setups in every round:
   seq    a 1 GiB file (half compressible) in a sandbox: the first read (chunks fetched from the file://
          store), then a warm read (chunks in stratad's cache, page cache dropped) — MB/s of each, and how
          much the page cache (`Cached` in /proc/meminfo) grew over the warm read, right after it and
-         1 s later (settled)
+         1 s later (settled), and how much the warm read read from the disk (`pgpgin`)
   find   `find ROOT | wc -l` on a fresh daemon's sandbox of a tree of 20,000 small files, page cache
          dropped (metadata only: every lookup and readdir from the layer's local metadata)
 
@@ -103,6 +103,13 @@ def cached():
             return int(line.split()[1]) << 10
 
 
+def disk_read():
+    """Bytes read from block devices so far (`pgpgin` in /proc/vmstat counts KiB)."""
+    for line in open("/proc/vmstat"):
+        if line.startswith("pgpgin "):
+            return int(line.split()[1]) << 10
+
+
 def timed(argv, shell=False):
     t = time.perf_counter()
     subprocess.run(argv, check=True, capture_output=True, shell=shell)
@@ -115,14 +122,14 @@ def seq(d):
     drop_caches()
     first = timed(["dd", f"if={f}", "of=/dev/null", "bs=1M"])
     drop_caches()
-    before = cached()
+    before, disk = cached(), disk_read()
     warm = timed(["dd", f"if={f}", "of=/dev/null", "bs=1M"])
-    grew = cached() - before
+    grew, disk = cached() - before, disk_read() - disk
     # `fanotify` mode drops its view files' pages a few hundred ms after the kernel read them.
     time.sleep(1.0)
     settled = cached() - before
     return {"first_mbs": size / first / 1e6, "warm_mbs": size / warm / 1e6, "cached_gib": grew / (1 << 30),
-            "settled_gib": settled / (1 << 30)}
+            "settled_gib": settled / (1 << 30), "disk_gib": disk / (1 << 30)}
 
 
 def find(d):

@@ -13,11 +13,17 @@
 //! read at least [`READ_DELAY`] ago and those written at least [`DELAY`] ago, writes the file's dirty
 //! pages out (`fdatasync`) if it takes a written one, and tells the kernel it will not need them
 //! (`POSIX_FADV_DONTNEED`), which drops the clean pages. EROFS keeps its own copy of what it read; a
-//! page it evicts later comes back from the view file on disk (an event, allowed at once). A complete
-//! view file is no longer watched, so its reads are not reported: its whole cache is dropped on
-//! every pass. So a byte that was in the view file already stays in memory twice for a few hundred
-//! milliseconds at most; a byte a miss had to fill, up to [`DELAY`] (written pages are dropped only
-//! once written out, with the written range).
+//! page it evicts later comes back from the view file on disk (an event, allowed at once).
+//!
+//! A complete view file is no longer watched, so its reads are not reported. The pass asks the
+//! kernel which of its 2 MiB steps are cached (`cachestat`, halving a range only while it has any:
+//! one call for an untouched file) and drops the steps it already saw cached on the pass before —
+//! at least [`PASS`] old, long consumed by whoever read them. Dropping the whole file on every pass
+//! instead evicted the backing file's read-ahead before EROFS had copied it: a warm sequential read
+//! of 1 GiB read 1.09–1.13 GiB from the disk (now 1.00) at 0.89× the kernel's speed (now 1.10×, run
+//! for run; `benches/loopmode.py`, BENCHMARKS.md). So a byte that was in the view file
+//! already stays in memory twice for a few hundred milliseconds at most; a byte a miss had to fill,
+//! up to [`DELAY`] (written pages are dropped only once written out, with the written range).
 //!
 //! Safe by construction: dropping a page never changes what a read sees — a clean page's bytes are on
 //! disk, a dirty page is not dropped, a page being read is locked and skipped. The delay only decides
@@ -25,12 +31,16 @@
 //! memory for [`DELAY`] (unless a read of a neighbour in the same 2 MiB drops it sooner), then comes
 //! from the disk.
 
+use std::fs::File;
+use std::io;
+use std::os::fd::AsFd;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rustix::fs::{fadvise, Advice};
-use strata_registry::store::direct::{drop_pages, widened};
+use strata_registry::store::direct::{drop_pages, widened, DROP_STEP};
 
+use super::sys::cached_pages;
 use super::views::ViewFile;
 
 /// How often the pages of touched view files are dropped.
@@ -46,6 +56,8 @@ pub const DELAY: Duration = Duration::from_secs(2);
 #[derive(Default)]
 pub struct Touched {
     ranges: Mutex<Vec<(u64, u64, bool, Instant)>>,
+    /// Of a complete file: the steps seen cached on earlier passes, `(start, first seen)`, ascending.
+    seen: Mutex<Vec<(u64, Instant)>>,
 }
 
 impl Touched {
@@ -85,6 +97,79 @@ impl Touched {
             written,
         )
     }
+
+    /// Of the steps `cached` now (ascending starts), those first seen cached at or before `cutoff`,
+    /// as ranges `(offset, len)` of adjacent steps; the others are remembered as seen `at` (unless
+    /// seen before), and steps no longer cached are forgotten.
+    fn age(&self, cached: &[u64], at: Instant, cutoff: Instant) -> Vec<(u64, u64)> {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = Vec::new();
+        let mut due: Vec<(u64, u64)> = Vec::new();
+        for &step in cached {
+            let first = match seen.binary_search_by_key(&step, |&(s, _)| s) {
+                Ok(i) => seen[i].1,
+                Err(_) => at,
+            };
+            if first > cutoff {
+                kept.push((step, first));
+                continue;
+            }
+            match due.last_mut() {
+                Some(last) if last.0 + last.1 == step => last.1 += DROP_STEP,
+                _ => due.push((step, DROP_STEP)),
+            }
+        }
+        *seen = kept;
+        due
+    }
+}
+
+/// The starts of the [`DROP_STEP`]s of `file`'s first `size` bytes that have pages in the page
+/// cache, ascending. A range's halves are asked about only while it has any: an untouched file
+/// costs one `cachestat`, a run of cached steps about two per step plus two per halving.
+fn cached_steps(file: &File, size: u64) -> io::Result<Vec<u64>> {
+    let mut out = Vec::new();
+    // Ranges in steps, `[lo, hi)`; the lower half popped first, so starts come out ascending.
+    let mut stack = vec![(0, size.div_ceil(DROP_STEP))];
+    while let Some((lo, hi)) = stack.pop() {
+        if lo >= hi || cached_pages(file.as_fd(), lo * DROP_STEP, (hi - lo) * DROP_STEP)? == 0 {
+            continue;
+        }
+        if hi - lo == 1 {
+            out.push(lo * DROP_STEP);
+            continue;
+        }
+        let mid = lo + (hi - lo) / 2;
+        stack.push((mid, hi));
+        stack.push((lo, mid));
+    }
+    Ok(out)
+}
+
+/// Drops the steps of a complete view file seen cached since a pass before `now` (not reported
+/// read: [`Touched::age`]); the whole file if the kernel cannot say which are cached.
+fn drop_complete(v: &ViewFile, now: Instant) -> usize {
+    let cutoff = now.checked_sub(PASS).unwrap_or(now);
+    match cached_steps(v.cached(), v.blob.toc.view_size()) {
+        Ok(cached) => {
+            let due = v.touched.age(&cached, Instant::now(), cutoff);
+            for &(o, n) in &due {
+                drop_pages(v.cached(), o, n);
+            }
+            due.len()
+        }
+        Err(e) => {
+            tracing::debug!(path = %v.path.display(), error = %e, "cachestat failed: the whole file's pages dropped");
+            // `None`: to the end of the file.
+            match fadvise(v.cached(), 0, None, Advice::DontNeed) {
+                Ok(()) => 1,
+                Err(e) => {
+                    tracing::debug!(path = %v.path.display(), error = %e, "view file pages not dropped");
+                    0
+                }
+            }
+        }
+    }
 }
 
 /// What a pass dropped.
@@ -97,7 +182,7 @@ pub struct Dropped {
 }
 
 /// Drops the pages of `views` read before `now - READ_DELAY` or written before `now - DELAY` (and
-/// every page of the complete ones). A file that cannot be synced keeps its ranges for the next pass.
+/// those of the complete ones seen cached on a pass before `now - PASS`). A file that cannot be synced keeps its ranges for the next pass.
 pub fn drop_pass(views: &[std::sync::Arc<ViewFile>], now: Instant) -> Dropped {
     let cutoff = now.checked_sub(DELAY).unwrap_or(now);
     let read_cutoff = now.checked_sub(READ_DELAY).unwrap_or(now);
@@ -116,12 +201,7 @@ pub fn drop_pass(views: &[std::sync::Arc<ViewFile>], now: Instant) -> Dropped {
             out.synced += 1;
         }
         if whole {
-            // `None`: to the end of the file.
-            match fadvise(v.cached(), 0, None, Advice::DontNeed) {
-                Ok(()) => out.ranges += 1,
-                Err(e) => tracing::debug!(path = %v.path.display(), error = %e,
-                    "view file pages not dropped"),
-            }
+            out.ranges += drop_complete(v, now);
             continue;
         }
         for (o, n) in ranges {
@@ -191,6 +271,59 @@ mod tests {
             let left = t.ranges.lock().unwrap().len();
             proptest::prop_assert_eq!(left, notes.iter().filter(|n| !n.3).count());
         }
+    }
+
+    proptest::proptest! {
+        /// Against a model of passes `PASS` apart: a step is dropped when it was cached on this pass
+        /// and seen (not dropped) on the one before; dropped or uncached steps start over.
+        #[test]
+        fn complete_files_drop_steps_seen_on_the_pass_before(
+            passes in proptest::collection::vec(proptest::collection::btree_set(0u64..24, 0..24), 1..12),
+        ) {
+            let t = Touched::default();
+            let t0 = Instant::now();
+            let mut seen = std::collections::BTreeSet::new();
+            for (k, cached) in passes.iter().enumerate() {
+                let now = t0 + PASS * (k as u32 + 1);
+                let starts: Vec<u64> = cached.iter().map(|s| s * DROP_STEP).collect();
+                let due = t.age(&starts, now, now - PASS);
+                let want: std::collections::BTreeSet<u64> = cached.intersection(&seen).copied().collect();
+                let mut got = std::collections::BTreeSet::new();
+                for w in due.windows(2) {
+                    proptest::prop_assert!(w[0].0 + w[0].1 < w[1].0, "adjacent steps merged");
+                }
+                for &(o, n) in &due {
+                    got.extend((o / DROP_STEP)..(o + n) / DROP_STEP);
+                }
+                proptest::prop_assert_eq!(&got, &want);
+                seen = cached.difference(&want).copied().collect();
+            }
+        }
+    }
+
+    #[test]
+    fn the_cached_steps_of_a_file_are_found() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("view");
+        let size = 15 * (1 << 20) + 100;
+        std::fs::write(&path, vec![7u8; size as usize]).expect("write");
+        let f = File::open(&path).expect("open");
+        f.sync_all().expect("sync");
+        fadvise(&f, 0, None, Advice::DontNeed).expect("fadvise");
+        assert_eq!(
+            cached_steps(&f, size).expect("cachestat"),
+            Vec::<u64>::new(),
+            "clean pages dropped (the test directory must be on a disk, not tmpfs)"
+        );
+        fadvise(&f, 0, None, Advice::Random).expect("no read-ahead");
+        let mut b = [0u8; 1];
+        for at in [2 << 20, 3 << 20, 10 << 20, (12 << 20) + 4096, size - 1] {
+            std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, at).expect("read");
+        }
+        assert_eq!(
+            cached_steps(&f, size).expect("cachestat"),
+            vec![2 << 20, 10 << 20, 12 << 20, 14 << 20]
+        );
     }
 
     #[test]

@@ -480,39 +480,10 @@ fn a_scrub_finds_a_chunk_gone_bad_at_rest_and_its_next_read_refills_it() {
     s.stop();
 }
 
-/// Pages of `path` in the page cache, by `cachestat(2)` (Linux 6.5+). Not `fincore`: it maps the
-/// file, and mapping a watched file is a pre-content event for the whole file, which fills it all.
+/// Pages of `path` in the page cache ([`sys::cached_pages`]; not `fincore`, which maps the file).
 fn resident(path: &std::path::Path) -> u64 {
-    #[repr(C)]
-    struct Range {
-        off: u64,
-        len: u64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Stat {
-        cache: u64,
-        dirty: u64,
-        writeback: u64,
-        evicted: u64,
-        recently_evicted: u64,
-    }
-    const SYS_CACHESTAT: libc::c_long = 451;
     let f = std::fs::File::open(path).expect("open view file");
-    let range = Range { off: 0, len: 0 };
-    let mut st = Stat::default();
-    // SAFETY: the syscall reads `range` and writes `st`, both live and of the kernel's layout.
-    let r = unsafe {
-        libc::syscall(
-            SYS_CACHESTAT,
-            std::os::fd::AsRawFd::as_raw_fd(&f),
-            &range as *const Range,
-            &mut st as *mut Stat,
-            0u32,
-        )
-    };
-    assert_eq!(r, 0, "cachestat: {}", std::io::Error::last_os_error());
-    st.cache
+    sys::cached_pages(std::os::fd::AsFd::as_fd(&f), 0, 0).expect("cachestat")
 }
 
 #[test]
