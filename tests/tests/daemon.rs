@@ -419,6 +419,75 @@ impl Drop for Umount {
     }
 }
 
+/// An ext4 filesystem of `bytes` (no journal) on a loop device at `at` (tmpfs refuses pre-content
+/// marks), unmounted when the guard drops.
+fn small_ext4(at: &Path, bytes: u64) -> Umount {
+    let img = at.with_extension("img");
+    let f = std::fs::File::create(&img).expect("filesystem image");
+    f.set_len(bytes).expect("size");
+    let mkfs = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-O", "^has_journal"])
+        .arg(&img)
+        .status()
+        .expect("mkfs.ext4");
+    assert!(mkfs.success(), "mkfs.ext4");
+    let st = std::process::Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&img)
+        .arg(at)
+        .status()
+        .expect("mount");
+    assert!(st.success(), "mount the small filesystem");
+    Umount(at.to_path_buf())
+}
+
+/// Builds each `(tag, name, data)` as an image of one file, `data/<name>`, and nothing else (not
+/// [`build_image`]: its busybox, deduplicated, would make the second layer name the first's blob).
+fn one_file_images(store: &StoreEnv, images: &[(&str, &str, &[u8])]) {
+    for (tag, name, data) in images {
+        let src = scratch("img");
+        std::fs::create_dir(src.path().join("data")).expect("mkdir");
+        std::fs::write(src.path().join("data").join(name), data).expect("write");
+        store.ok(&["build", src.path().to_str().expect("utf8"), "-t", tag]);
+    }
+}
+
+#[test]
+fn a_full_view_disk_deletes_view_files_no_layer_reads_and_the_read_goes_on() {
+    if !have(&[Need::PreContent]) {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let (a, b) = (random_bytes(5 << 20, 31), random_bytes(5 << 20, 32));
+    one_file_images(&store, &[("fa:v1", "a.bin", &a), ("fb:v1", "b.bin", &b)]);
+    // The view files on 8 MiB: room for one layer's 5 MiB, not for two.
+    let state = scratch("state");
+    let views = state.path().join("views");
+    std::fs::create_dir_all(&views).expect("mkdir");
+    let small = small_ext4(&views, 8 << 20);
+    // The default `cache_size` keeps a released layer's view file.
+    let mut d = Daemon::start_in(&store, state, &["--mount-mode", "fanotify"]);
+    let count = || std::fs::read_dir(&views).expect("views dir").count();
+    let read = |root: &str, f: &str| std::fs::read(Path::new(root).join("data").join(f));
+    let ra = d.ok(&["mount", "fa:v1", "--sandbox", "a"]);
+    assert!(read(&ra, "a.bin").expect("read a") == a);
+    d.ok(&["umount", "--sandbox", "a", "--purge"]);
+    // `lost+found` and the released layer's view file.
+    assert_eq!(count(), 2, "a released layer's view file is kept");
+    let rb = d.ok(&["mount", "fb:v1", "--sandbox", "b"]);
+    assert!(
+        read(&rb, "b.bin").expect("read with the view files' disk full") == b,
+        "the read goes on once the unused view file is deleted"
+    );
+    let status = json(&d.ok(&["daemon", "status"]));
+    let relieved = status["fanotify"]["relieved"].as_u64().unwrap_or(0);
+    assert!(relieved >= 1, "no fill tried again: {}", status["fanotify"]);
+    assert_eq!(count(), 2, "only the mounted layer's view file is left");
+    d.stop();
+    drop(small);
+}
+
 #[test]
 fn reads_go_on_when_the_cache_disk_is_full() {
     if !can_mount() {
@@ -435,26 +504,19 @@ fn reads_go_on_when_the_cache_disk_is_full() {
     let state = scratch("state");
     let cache = state.path().join(if fanotify { "views" } else { "cache" });
     std::fs::create_dir_all(&cache).expect("mkdir");
-    let mut mount = std::process::Command::new("mount");
-    match fanotify {
-        true => {
-            let img = state.path().join("views.img");
-            let f = std::fs::File::create(&img).expect("views image");
-            f.set_len(2 << 20).expect("size");
-            let mkfs = std::process::Command::new("mkfs.ext4")
-                .args(["-q", "-F", "-O", "^has_journal"])
-                .arg(&img)
-                .status()
-                .expect("mkfs.ext4");
-            assert!(mkfs.success(), "mkfs.ext4");
-            mount.args(["-o", "loop"]).arg(&img)
-        }
-        false => mount.args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"]),
-    };
-    let st = mount.arg(&cache).status().expect("mount");
-    assert!(st.success(), "mount the small filesystem");
     // Unmounted however the test ends (after the daemon, which is dropped first).
-    let small = Umount(cache.clone());
+    let small = match fanotify {
+        true => small_ext4(&cache, 2 << 20),
+        false => {
+            let st = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"])
+                .arg(&cache)
+                .status()
+                .expect("mount");
+            assert!(st.success(), "mount the small tmpfs");
+            Umount(cache.clone())
+        }
+    };
     let mut d = Daemon::start_in(&store, state, &["--max-fetch-span", "256K"]);
     let rootfs = d.ok(&["mount", "full:v1", "--sandbox", "f1"]);
     let got = std::fs::read(Path::new(&rootfs).join("data/big.bin"));
@@ -515,15 +577,7 @@ fn view_files_of_released_layers_are_trimmed_never_a_mounted_layers() {
     let sdir = scratch("store");
     let store = StoreEnv::local(sdir.path());
     let (a, b) = (random_bytes(2 << 20, 11), random_bytes(2 << 20, 12));
-    // Not `build_image`: its busybox, deduplicated, would make the second layer name the first's blob.
-    let mut srcs = Vec::new();
-    for (tag, name, data) in [("va:v1", "a.bin", &a), ("vb:v1", "b.bin", &b)] {
-        let src = scratch("img");
-        std::fs::create_dir(src.path().join("data")).expect("mkdir");
-        std::fs::write(src.path().join("data").join(name), data).expect("write");
-        store.ok(&["build", src.path().to_str().expect("utf8"), "-t", tag]);
-        srcs.push(src);
-    }
+    one_file_images(&store, &[("va:v1", "a.bin", &a), ("vb:v1", "b.bin", &b)]);
     // A bound far below what the two layers read: only files no mounted layer reads may go.
     let d = Daemon::start(&store, &["--mount-mode", "fanotify", "--cache-size", "1M"]);
     let views = d.state.path().join("views");

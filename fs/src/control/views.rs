@@ -9,7 +9,8 @@
 //!
 //! View files live in `<state>/views/` (a local disk: they are the node's cache of uncompressed
 //! views). Releasing a layer trims them to `cache_size`, never deleting a file a mounted layer uses
-//! ([`Daemon::trim_views`]; `docs/DAEMON.md`).
+//! ([`Daemon::trim_views`]; `docs/DAEMON.md`); a fill that finds their disk full deletes every file
+//! no mounted layer uses and tries once more ([`Daemon::serve_views`]).
 
 use std::collections::HashSet;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -104,9 +105,20 @@ impl Daemon {
     /// mounted layer reads. Skipped while a layer is being mounted (the next release trims): a layer
     /// mounting now may be about to use a file this would delete.
     pub(crate) fn trim_views(&self) {
-        let Some(server) = &self.views else { return };
+        let (files, bytes) = self.trim_views_to(self.config.cache_size);
+        if files > 0 {
+            tracing::info!(files, bytes, "view files trimmed to the cache's bound");
+        }
+    }
+
+    /// Deletes view files no mounted layer reads until all take at most `bound` bytes: the files
+    /// and bytes freed (none while a layer is being mounted).
+    fn trim_views_to(&self, bound: u64) -> (u64, u64) {
+        let Some(server) = &self.views else {
+            return (0, 0);
+        };
         let Ok(_mounting) = self.layer_lock.try_lock() else {
-            return;
+            return (0, 0);
         };
         let used: HashSet<Digest> = self
             .lock()
@@ -114,15 +126,29 @@ impl Daemon {
             .values()
             .flat_map(|l| l.blobs.iter().copied())
             .collect();
-        let (files, bytes) = server.trim(&used, self.config.cache_size);
-        if files > 0 {
-            tracing::info!(files, bytes, "view files trimmed to the cache's bound");
-        }
+        server.trim(&used, bound)
     }
 
-    /// Opens every served blob's view file, then starts reading events (`fanotify` mode).
-    pub(crate) fn serve_views(&self) {
+    /// Opens every served blob's view file, then starts reading events (`fanotify` mode). A fill
+    /// that finds the view files' disk full gets the files no mounted layer reads deleted, whatever
+    /// `cache_size` allows them, and tries once more (a read denied is worse than a refetch later).
+    pub(crate) fn serve_views(self: &Arc<Self>) {
         let Some(server) = &self.views else { return };
+        let node = Arc::downgrade(self);
+        server.on_full(Box::new(move || {
+            let Some(d) = node.upgrade() else {
+                return false;
+            };
+            let (files, bytes) = d.trim_views_to(0);
+            if files > 0 {
+                tracing::warn!(
+                    files,
+                    bytes,
+                    "the view files' disk is full: view files no mounted layer reads deleted"
+                );
+            }
+            files > 0
+        }));
         for blob in self.table.all() {
             if let Err(e) = server.view(&blob) {
                 tracing::error!(blob = %blob.blob.digest, error = %e,

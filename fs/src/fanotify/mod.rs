@@ -20,7 +20,9 @@
 //!
 //! **No read sees a hole.** An event is allowed only after every chunk it covers was written and
 //! verified; a fetch that fails or misses the read deadline denies the read with `EIO`. The server's
-//! own accesses to a view file (see [`views`]) are the only events allowed unfilled.
+//! own accesses to a view file (see [`views`]) are the only events allowed unfilled. A write that
+//! finds the disk full asks the daemon for room first ([`Server::on_full`]: it deletes the view files
+//! no mounted layer reads) and is tried once more; only then is the read denied.
 //!
 //! **Survival.** The group's descriptor is kept by the node's keeper (the holder or systemd's store,
 //! as FUSE connections are: name [`GROUP`]), so marks and waiting readers outlive a server. A read the
@@ -47,7 +49,7 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use strata_registry::digest::Digest;
@@ -84,6 +86,8 @@ pub struct Stats {
     pub denied: AtomicU64,
     /// Events a predecessor left, answered by this server.
     pub adopted: AtomicU64,
+    /// Fills that found the disk full and were tried again after the daemon freed room.
+    pub relieved: AtomicU64,
 }
 
 /// A range to fill, then answer.
@@ -136,7 +140,11 @@ pub struct Server {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// What a predecessor left, each number held: taken when the server is made, answered by `run`.
     left: Mutex<Vec<(Leftover, Option<OwnedFd>)>>,
+    relief: Arc<OnceLock<Relief>>,
 }
+
+/// Frees disk space for the view files when a fill finds their disk full: whether it freed any.
+pub type Relief = Box<dyn Fn() -> bool + Send + Sync>;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -192,6 +200,7 @@ impl Server {
             stop: Arc::default(),
             threads: Mutex::default(),
             left: Mutex::new(left),
+            relief: Arc::default(),
         })
     }
 
@@ -204,6 +213,12 @@ impl Server {
     pub fn view(&self, blob: &Arc<BlobHandle>) -> std::io::Result<PathBuf> {
         let g = self.group.clone();
         Ok(self.views.open(blob, |p| g.mark(p))?.path.clone())
+    }
+
+    /// Sets what a fill that finds the view files' disk full calls before it tries once more (the
+    /// daemon deletes the view files no mounted layer reads). Set once; later calls are ignored.
+    pub fn on_full(&self, relief: Relief) {
+        let _ = self.relief.set(relief);
     }
 
     /// Trims the view files to `bound` bytes, keeping every blob in `used` ([`Views::trim`]).
@@ -294,6 +309,7 @@ impl Server {
             "fills": n(&self.stats.fills),
             "denied": n(&self.stats.denied),
             "adopted": n(&self.stats.adopted),
+            "relieved": n(&self.stats.relieved),
             "unrecorded": n(&self.journal.unrecorded),
             "views": self.views.len(),
             "kept_chunks": self.views.all().iter().map(|v| v.kept()).sum::<usize>(),
@@ -314,6 +330,7 @@ impl Server {
             metrics: self.metrics.clone(),
             table: self.table.clone(),
             stats: self.stats.clone(),
+            relief: self.relief.clone(),
         }
     }
 
@@ -434,12 +451,21 @@ struct Context {
     metrics: Arc<Metrics>,
     table: Arc<BlobTable>,
     stats: Arc<Stats>,
+    relief: Arc<OnceLock<Relief>>,
 }
 
 impl Context {
-    /// Fills the chunks under a range: the answer to give (the caller counts the fill).
+    /// Fills the chunks under a range: the answer to give (the caller counts the fill). A disk found
+    /// full gets one more try if the daemon could free room ([`Server::on_full`]).
     fn fill(&self, view: &ViewFile, offset: u64, count: u64, pid: u32) -> Answer {
-        match view.fill(&self.fetcher, view.chunks_in(offset, count), pid) {
+        let range = view.chunks_in(offset, count);
+        let mut filled = view.fill(&self.fetcher, range.clone(), pid);
+        if filled.as_ref().is_err_and(FillError::is_full) && self.relief.get().is_some_and(|r| r())
+        {
+            self.stats.relieved.fetch_add(1, Ordering::Relaxed);
+            filled = view.fill(&self.fetcher, range, pid);
+        }
+        match filled {
             Ok(()) => Answer::Allow,
             Err(e) => {
                 self.stats.denied.fetch_add(1, Ordering::Relaxed);

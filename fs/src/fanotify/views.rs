@@ -63,6 +63,15 @@ pub enum FillError {
     Unknown { dev: u64, ino: u64 },
 }
 
+impl FillError {
+    /// Whether a write found the view files' disk full (`ENOSPC`, `EDQUOT`): space freed meanwhile
+    /// may let the same fill through.
+    pub fn is_full(&self) -> bool {
+        matches!(self, FillError::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)))
+    }
+}
+
 /// One blob's view file.
 pub struct ViewFile {
     pub blob: Arc<BlobHandle>,
