@@ -11,6 +11,7 @@ pub mod proxy;
 pub mod readers;
 pub mod registry;
 mod s3;
+pub mod smallfs;
 pub mod soak;
 pub mod tagrace;
 pub mod vm;

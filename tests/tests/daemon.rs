@@ -410,84 +410,6 @@ fn cache_bound_holds_under_a_larger_working_set() {
     assert!(started < 12, "threads started for 24 missing reads: {w}");
 }
 
-/// A mount the test made, unmounted when dropped.
-struct Umount(std::path::PathBuf);
-
-impl Drop for Umount {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
-/// An ext4 filesystem of `bytes` (no journal) on a loop device at `at` (tmpfs refuses pre-content
-/// marks), unmounted when the guard drops.
-fn small_ext4(at: &Path, bytes: u64) -> Umount {
-    let img = at.with_extension("img");
-    let f = std::fs::File::create(&img).expect("filesystem image");
-    f.set_len(bytes).expect("size");
-    let mkfs = std::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-O", "^has_journal"])
-        .arg(&img)
-        .status()
-        .expect("mkfs.ext4");
-    assert!(mkfs.success(), "mkfs.ext4");
-    let st = std::process::Command::new("mount")
-        .args(["-o", "loop"])
-        .arg(&img)
-        .arg(at)
-        .status()
-        .expect("mount");
-    assert!(st.success(), "mount the small filesystem");
-    Umount(at.to_path_buf())
-}
-
-/// Builds each `(tag, name, data)` as an image of one file, `data/<name>`, and nothing else (not
-/// [`build_image`]: its busybox, deduplicated, would make the second layer name the first's blob).
-fn one_file_images(store: &StoreEnv, images: &[(&str, &str, &[u8])]) {
-    for (tag, name, data) in images {
-        let src = scratch("img");
-        std::fs::create_dir(src.path().join("data")).expect("mkdir");
-        std::fs::write(src.path().join("data").join(name), data).expect("write");
-        store.ok(&["build", src.path().to_str().expect("utf8"), "-t", tag]);
-    }
-}
-
-#[test]
-fn a_full_view_disk_deletes_view_files_no_layer_reads_and_the_read_goes_on() {
-    if !have(&[Need::PreContent]) {
-        return;
-    }
-    let sdir = scratch("store");
-    let store = StoreEnv::local(sdir.path());
-    let (a, b) = (random_bytes(5 << 20, 31), random_bytes(5 << 20, 32));
-    one_file_images(&store, &[("fa:v1", "a.bin", &a), ("fb:v1", "b.bin", &b)]);
-    // The view files on 8 MiB: room for one layer's 5 MiB, not for two.
-    let state = scratch("state");
-    let views = state.path().join("views");
-    std::fs::create_dir_all(&views).expect("mkdir");
-    let small = small_ext4(&views, 8 << 20);
-    // The default `cache_size` keeps a released layer's view file.
-    let mut d = Daemon::start_in(&store, state, &["--mount-mode", "fanotify"]);
-    let count = || std::fs::read_dir(&views).expect("views dir").count();
-    let read = |root: &str, f: &str| std::fs::read(Path::new(root).join("data").join(f));
-    let ra = d.ok(&["mount", "fa:v1", "--sandbox", "a"]);
-    assert!(read(&ra, "a.bin").expect("read a") == a);
-    d.ok(&["umount", "--sandbox", "a", "--purge"]);
-    // `lost+found` and the released layer's view file.
-    assert_eq!(count(), 2, "a released layer's view file is kept");
-    let rb = d.ok(&["mount", "fb:v1", "--sandbox", "b"]);
-    assert!(
-        read(&rb, "b.bin").expect("read with the view files' disk full") == b,
-        "the read goes on once the unused view file is deleted"
-    );
-    let status = json(&d.ok(&["daemon", "status"]));
-    let relieved = status["fanotify"]["relieved"].as_u64().unwrap_or(0);
-    assert!(relieved >= 1, "no fill tried again: {}", status["fanotify"]);
-    assert_eq!(count(), 2, "only the mounted layer's view file is left");
-    d.stop();
-    drop(small);
-}
-
 #[test]
 fn reads_go_on_when_the_cache_disk_is_full() {
     if !can_mount() {
@@ -506,7 +428,7 @@ fn reads_go_on_when_the_cache_disk_is_full() {
     std::fs::create_dir_all(&cache).expect("mkdir");
     // Unmounted however the test ends (after the daemon, which is dropped first).
     let small = match fanotify {
-        true => small_ext4(&cache, 2 << 20),
+        true => strata_tests::smallfs::small_ext4(&cache, 2 << 20),
         false => {
             let st = std::process::Command::new("mount")
                 .args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"])
@@ -514,7 +436,7 @@ fn reads_go_on_when_the_cache_disk_is_full() {
                 .status()
                 .expect("mount");
             assert!(st.success(), "mount the small tmpfs");
-            Umount(cache.clone())
+            strata_tests::smallfs::Umount(cache.clone())
         }
     };
     let mut d = Daemon::start_in(&store, state, &["--max-fetch-span", "256K"]);
@@ -567,43 +489,6 @@ fn layer_metadata_of_released_layers_is_trimmed_to_its_bound() {
         Path::new(&r).join("data/x.bin").exists(),
         "remount after trim"
     );
-}
-
-#[test]
-fn view_files_of_released_layers_are_trimmed_never_a_mounted_layers() {
-    if !have(&[Need::PreContent]) {
-        return;
-    }
-    let sdir = scratch("store");
-    let store = StoreEnv::local(sdir.path());
-    let (a, b) = (random_bytes(2 << 20, 11), random_bytes(2 << 20, 12));
-    one_file_images(&store, &[("va:v1", "a.bin", &a), ("vb:v1", "b.bin", &b)]);
-    // A bound far below what the two layers read: only files no mounted layer reads may go.
-    let d = Daemon::start(&store, &["--mount-mode", "fanotify", "--cache-size", "1M"]);
-    let views = d.state.path().join("views");
-    let count = || std::fs::read_dir(&views).expect("views dir").count();
-    let read = |root: &str, f: &str| std::fs::read(Path::new(root).join("data").join(f));
-    let ra = d.ok(&["mount", "va:v1", "--sandbox", "a"]);
-    let rb = d.ok(&["mount", "vb:v1", "--sandbox", "b"]);
-    assert!(read(&ra, "a.bin").expect("read a") == a);
-    assert!(read(&rb, "b.bin").expect("read b") == b);
-    assert_eq!(count(), 2, "a view file per layer's blob");
-    d.ok(&["umount", "--sandbox", "a", "--purge"]);
-    assert_eq!(
-        count(),
-        1,
-        "the released layer's view file goes, the mounted one's stays (both over the bound)"
-    );
-    // The mounted layer's file stays, though over the bound; its pages dropped, it reads the same.
-    strata_tests::readers::drop_caches();
-    assert!(read(&rb, "b.bin").expect("read b again") == b);
-    let ra = d.ok(&["mount", "va:v1", "--sandbox", "a2"]);
-    assert!(read(&ra, "a.bin").expect("read a again") == a, "refilled");
-    // The data at rest checks out: both files' filled chunks read back with their digests.
-    let scrub = json(&d.ok(&["daemon", "scrub", "--json"]));
-    assert_eq!(scrub["files"].as_u64(), Some(2), "{scrub}");
-    assert_eq!(scrub["bad"].as_u64(), Some(0), "{scrub}");
-    assert!(scrub["bytes"].as_u64().unwrap_or(0) >= 4 << 20, "{scrub}");
 }
 
 #[test]

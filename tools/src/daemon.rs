@@ -109,6 +109,10 @@ struct Args {
     /// [default: 86400].
     #[arg(long, value_name = "SECS")]
     scrub_interval: Option<f64>,
+    /// fanotify mode: how long a view file's chunk marked for eviction waits before it is punched out
+    /// [default: 30].
+    #[arg(long, value_name = "SECS")]
+    view_evict_grace: Option<f64>,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -201,6 +205,9 @@ fn load(args: &Args) -> Result<Config> {
     }
     if let Some(t) = args.scrub_interval {
         c.scrub_interval_secs = t;
+    }
+    if let Some(t) = args.view_evict_grace {
+        c.view_evict_grace_secs = t;
     }
     if let Some(t) = args.record_plans {
         c.record_plans_secs = t;

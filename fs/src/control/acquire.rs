@@ -121,6 +121,7 @@ impl Daemon {
                 path: target.clone(),
                 bytes,
                 blobs,
+                here: true,
             },
         );
         Ok((target, bytes))

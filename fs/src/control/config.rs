@@ -69,6 +69,9 @@ pub struct Config {
     /// Check the cached data at rest (chunk cache, `fanotify` view files) this often, in seconds
     /// (0: never; see `Daemon::scrub`).
     pub scrub_interval_secs: f64,
+    /// `fanotify` mode: how long a view file's chunk marked for eviction waits before it is punched
+    /// out (reads allowed before the mark have had this long to read it; see `fanotify::evict`).
+    pub view_evict_grace_secs: f64,
 }
 
 impl Default for Config {
@@ -94,6 +97,7 @@ impl Default for Config {
             mount_mode: ModeRequest::Auto,
             loop_direct_io: true,
             scrub_interval_secs: 86_400.0,
+            view_evict_grace_secs: 30.0,
         }
     }
 }

@@ -154,6 +154,9 @@ pub(crate) struct LayerMount {
     pub(crate) bytes: u64,
     /// The blobs the layer reads (`fanotify` mode keeps their view files: [`Daemon::trim_views`]).
     pub(crate) blobs: Vec<Digest>,
+    /// Mounted by this process (not found mounted at start): `fanotify` mode evicts chunks only of
+    /// blobs no layer mounted before reads ([`crate::fanotify::evict`]).
+    pub(crate) here: bool,
 }
 
 #[derive(Default)]
@@ -391,6 +394,7 @@ impl Daemon {
         d.remount_held_layers();
         d.start_flushing();
         d.start_scrubbing();
+        d.start_evicting();
         Ok(d)
     }
 

@@ -113,12 +113,13 @@ impl Daemon {
             crate::kernelcheck::check_layer(meta)?;
         }
         self.learn_groups(meta);
-        let blobs: Vec<PathBuf> = match self.mode {
-            MountMode::Fanotify => blobs
-                .iter()
-                .map(|d| self.view_path(d))
-                .collect::<Result<_, _>>()?,
-            _ => blobs.iter().map(|d| self.blob_path(d)).collect(),
+        // `_opening`: view files stay watched until the mount has opened them (`fanotify`).
+        let (blobs, _opening) = match self.mode {
+            MountMode::Fanotify => {
+                let (paths, opening) = self.view_paths(blobs)?;
+                (paths, Some(opening))
+            }
+            _ => (blobs.iter().map(|d| self.blob_path(d)).collect(), None),
         };
         let blobs = &blobs[..];
         match self.mode {

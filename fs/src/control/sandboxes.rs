@@ -368,6 +368,7 @@ impl Daemon {
                             path,
                             bytes,
                             blobs,
+                            here: false,
                         },
                     );
                 }

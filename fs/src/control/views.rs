@@ -87,18 +87,46 @@ pub(crate) fn start(
     Ok(Arc::new(server))
 }
 
+/// View files handed to a mount about to open them ([`Daemon::view_paths`]): when dropped (the
+/// mount made or failed), the complete ones are no longer watched ([`Server::mounted`]).
+pub(crate) struct Opening {
+    server: Option<Arc<Server>>,
+    blobs: Vec<Digest>,
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        if let Some(s) = &self.server {
+            s.mounted(&self.blobs);
+        }
+    }
+}
+
 impl Daemon {
-    /// Blob `d`'s view file, watched (`fanotify` mode): what EROFS mounts as its device.
-    pub(crate) fn view_path(&self, d: &Digest) -> Result<PathBuf, DaemonError> {
-        let (Some(server), Some(blob)) = (&self.views, self.table.handle(d)) else {
-            return Err(DaemonError::Metadata(format!(
-                "blob {d} has no view file (not fanotify mode, or not served)"
-            )));
+    /// The view files of `blobs`, watched (`fanotify` mode): what EROFS mounts as its devices.
+    /// Keep the guard until the mount has opened them.
+    pub(crate) fn view_paths(
+        &self,
+        blobs: &[Digest],
+    ) -> Result<(Vec<PathBuf>, Opening), DaemonError> {
+        let mut opening = Opening {
+            server: self.views.clone(),
+            blobs: Vec::with_capacity(blobs.len()),
         };
-        server.view(&blob).map_err(|e| DaemonError::Io {
-            path: server.views.path(d),
-            source: e,
-        })
+        let mut paths = Vec::with_capacity(blobs.len());
+        for d in blobs {
+            let (Some(server), Some(blob)) = (&self.views, self.table.handle(d)) else {
+                return Err(DaemonError::Metadata(format!(
+                    "blob {d} has no view file (not fanotify mode, or not served)"
+                )));
+            };
+            paths.push(server.mounting(&blob).map_err(|e| DaemonError::Io {
+                path: server.views.path(d),
+                source: e,
+            })?);
+            opening.blobs.push(*d);
+        }
+        Ok((paths, opening))
     }
 
     /// Trims the view files to the cache's bound (`cache_size`), keeping those of every blob a
@@ -160,6 +188,58 @@ impl Daemon {
 }
 
 impl Daemon {
+    /// Keeps the view files within `cache_size` while their layers stay mounted (`fanotify` mode),
+    /// a pass every quarter of `view_evict_grace_secs` (250 ms to 5 s) while this process serves
+    /// the node: over the bound, files no mounted layer reads are trimmed first, then chunks of
+    /// mounted layers' files are evicted ([`fanotify::evict`]).
+    pub(crate) fn start_evicting(self: &Arc<Self>) {
+        if self.views.is_none() {
+            return;
+        }
+        let grace = std::time::Duration::from_secs_f64(
+            self.config.view_evict_grace_secs.clamp(0.0, 86_400.0),
+        );
+        let every = (grace / 4).clamp(
+            std::time::Duration::from_millis(250),
+            std::time::Duration::from_secs(5),
+        );
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("strata-evict".into())
+            .spawn(move || loop {
+                std::thread::sleep(every);
+                match weak.upgrade() {
+                    Some(d) if !d.metrics.attribution.is_retired() => d.bound_views(grace),
+                    _ => return,
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no thread to bound the view files: only released layers' files are trimmed");
+        }
+    }
+
+    /// One pass of [`Daemon::start_evicting`].
+    fn bound_views(&self, grace: std::time::Duration) {
+        let Some(server) = &self.views else { return };
+        let bound = self.config.cache_size;
+        if server.views.disk_bytes() > bound {
+            self.trim_views();
+        }
+        let allowed = {
+            let st = self.lock();
+            fanotify::evict::allowed(st.layers.values().map(|l| (l.here, &l.blobs[..])))
+        };
+        let p = server.evict(&allowed, bound, grace);
+        if p.punched.0 > 0 || p.marked > 0 {
+            tracing::info!(
+                punched_chunks = p.punched.0,
+                punched_bytes = p.punched.1,
+                marked_bytes = p.marked,
+                "view files kept to the cache's bound: chunks of mounted layers evicted"
+            );
+        }
+    }
+
     /// Scrubs the node's cached data every `scrub_interval_secs` while this process serves the node
     /// (not after it handed the node to a successor, whose files they then are).
     pub(crate) fn start_scrubbing(self: &Arc<Self>) {

@@ -41,6 +41,7 @@
 //! and held when the successor is made ([`Server::new`]), before its start opens more descriptors.
 
 pub mod area;
+pub mod evict;
 pub mod pages;
 pub mod sys;
 pub mod views;
@@ -141,6 +142,10 @@ pub struct Server {
     /// What a predecessor left, each number held: taken when the server is made, answered by `run`.
     left: Mutex<Vec<(Leftover, Option<OwnedFd>)>>,
     relief: Arc<OnceLock<Relief>>,
+    /// What eviction punched out ([`Server::evict`]).
+    pub evicted: evict::Stats,
+    /// Held by an eviction pass; [`Server::stop`] waits for it, so no punch follows a handover.
+    evicting: Mutex<()>,
 }
 
 /// Frees disk space for the view files when a fill finds their disk full: whether it freed any.
@@ -201,6 +206,8 @@ impl Server {
             threads: Mutex::default(),
             left: Mutex::new(left),
             relief: Arc::default(),
+            evicted: evict::Stats::default(),
+            evicting: Mutex::new(()),
         })
     }
 
@@ -209,16 +216,76 @@ impl Server {
         [(GROUP, self.group.fd()), (JOURNAL, self.journal.fd())]
     }
 
-    /// The view file of `blob`, watched: what EROFS mounts as the blob's device.
+    /// The view file of `blob`, opened and watched if it was not open yet.
     pub fn view(&self, blob: &Arc<BlobHandle>) -> std::io::Result<PathBuf> {
         let g = self.group.clone();
         Ok(self.views.open(blob, |p| g.mark(p))?.path.clone())
+    }
+
+    /// [`Server::view`] for a mount about to open the file, which must be watched when it does:
+    /// Linux decides at open whether a descriptor reports pre-content events (whether its file is
+    /// watched then), so a mount that opened an unwatched file would never ask before it reads — a
+    /// chunk a scrub found bad and made a hole would be read as it is on disk (seen on 6.18: a
+    /// descriptor opened while its file was unwatched reported no event once the file was watched
+    /// again). So a complete file is watched again, and stays so until [`Server::mounted`].
+    pub fn mounting(&self, blob: &Arc<BlobHandle>) -> std::io::Result<PathBuf> {
+        let g = self.group.clone();
+        let v = self.views.open(blob, |p| g.mark(p))?;
+        let _watch = v.watch.lock().unwrap_or_else(|p| p.into_inner());
+        if v.unmarked.load(Ordering::Acquire) {
+            self.group.mark(&v.path)?;
+            v.unmarked.store(false, Ordering::Release);
+        }
+        v.opening.fetch_add(1, Ordering::AcqRel);
+        Ok(v.path.clone())
+    }
+
+    /// A mount opened the view files of `blobs` ([`Server::mounting`]), or failed to: the complete
+    /// ones are no longer watched (their reads then cost no event).
+    pub fn mounted(&self, blobs: &[Digest]) {
+        let ctx = self.context();
+        for d in blobs {
+            if let Some(v) = self.views.get(d) {
+                let _ = v
+                    .opening
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+                ctx.unmark_if_complete(&v);
+            }
+        }
     }
 
     /// Sets what a fill that finds the view files' disk full calls before it tries once more (the
     /// daemon deletes the view files no mounted layer reads). Set once; later calls are ignored.
     pub fn on_full(&self, relief: Relief) {
         let _ = self.relief.set(relief);
+    }
+
+    /// One eviction pass ([`evict`]): the view files of `allowed` blobs lose their least recently
+    /// used chunks until all view files fit `bound` (or nothing more may go), each punched out
+    /// `grace` after it was marked.
+    pub fn evict(
+        &self,
+        allowed: &std::collections::HashSet<Digest>,
+        bound: u64,
+        grace: std::time::Duration,
+    ) -> evict::Pass {
+        let _pass = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
+        if self.stop.load(Ordering::Acquire) {
+            return evict::Pass::default();
+        }
+        let views: Vec<_> = self
+            .views
+            .all()
+            .into_iter()
+            .filter(|v| allowed.contains(&v.blob.blob.digest))
+            .collect();
+        let disk = self.views.disk_bytes();
+        let p = evict::pass(&views, disk, bound, grace, |path| self.group.mark(path));
+        self.evicted
+            .chunks
+            .fetch_add(p.punched.0 as u64, Ordering::Relaxed);
+        self.evicted.bytes.fetch_add(p.punched.1, Ordering::Relaxed);
+        p
     }
 
     /// Trims the view files to `bound` bytes, keeping every blob in `used` ([`Views::trim`]).
@@ -290,6 +357,7 @@ impl Server {
         let mut sum = views::Scrubbed::default();
         for v in &files {
             let s = v.scrub();
+            let _watch = v.watch.lock().unwrap_or_else(|p| p.into_inner());
             if s.bad > 0 && v.unmarked.swap(false, Ordering::AcqRel) {
                 if let Err(e) = self.group.mark(&v.path) {
                     tracing::error!(path = %v.path.display(), error = %e,
@@ -310,6 +378,9 @@ impl Server {
             "denied": n(&self.stats.denied),
             "adopted": n(&self.stats.adopted),
             "relieved": n(&self.stats.relieved),
+            "evicted_chunks": n(&self.evicted.chunks),
+            "evicted_bytes": n(&self.evicted.bytes),
+            "evicting_bytes": self.views.all().iter().map(|v| v.evicting_bytes()).sum::<u64>(),
             "unrecorded": n(&self.journal.unrecorded),
             "views": self.views.len(),
             "kept_chunks": self.views.all().iter().map(|v| v.kept()).sum::<usize>(),
@@ -320,6 +391,8 @@ impl Server {
     /// Stops reading events (a handover or shutdown); ranges being filled are finished and answered.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
+        // A successor knows nothing of this server's marks: no punch may come after this returns.
+        drop(self.evicting.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     fn context(&self) -> Context {
@@ -488,6 +561,7 @@ impl Context {
         if answer == Answer::Allow {
             self.stats.fills.fetch_add(1, Ordering::Relaxed);
             job.view.touched.note(job.offset, job.count, false);
+            job.view.note_used(range.clone());
         }
         self.answer(job.number, answer);
         if let Some(s) = job.slot {
@@ -540,6 +614,10 @@ impl Context {
 
     /// Stops watching a view file once every chunk is in it: its reads then cost no event at all.
     fn unmark_if_complete(&self, view: &ViewFile) {
+        let _watch = view.watch.lock().unwrap_or_else(|p| p.into_inner());
+        if view.opening.load(Ordering::Acquire) > 0 {
+            return;
+        }
         if view.complete() && !view.unmarked.swap(true, Ordering::AcqRel) {
             match self.group.unmark(&view.path) {
                 Ok(()) => {
@@ -629,11 +707,12 @@ fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender
                     ctx.table.trace.record(&view.blob.blob.digest, i as u32);
                 }
             }
-            if own || view.filled(range) {
+            if own || view.filled(range.clone()) {
                 ctx.stats.hits.fetch_add(1, Ordering::Relaxed);
                 ctx.answer(number, Answer::Allow);
                 if !own {
                     view.touched.note(offset, count, false);
+                    view.note_used(range);
                 }
                 continue;
             }

@@ -129,6 +129,17 @@ fn served() -> Option<Served> {
     Some(t)
 }
 
+/// [`served`], its view file read whole (complete, so no longer watched).
+fn complete() -> Option<(Served, Arc<ViewFile>)> {
+    let t = served()?;
+    assert!(cat(&t.path).stdout == t.want);
+    let view = t.s.views.get(&t.blob).expect("view");
+    crate::testkit::wait_until("complete file unwatched", || {
+        view.unmarked.load(Ordering::Acquire)
+    });
+    Some((t, view))
+}
+
 fn cat(path: &std::path::Path) -> std::process::Output {
     Command::new("cat").arg(path).output().expect("run cat")
 }
@@ -478,6 +489,147 @@ fn a_scrub_finds_a_chunk_gone_bad_at_rest_and_its_next_read_refills_it() {
     assert!(kit.faults.reads(&key) > fetched, "refetched");
     assert_eq!(s.scrub().1.bad, 0);
     s.stop();
+}
+
+#[test]
+fn a_mount_of_a_complete_file_still_asks_before_reading_a_chunk_a_scrub_found_bad() {
+    let Some((
+        Served {
+            _dir,
+            kit,
+            s,
+            path,
+            key,
+            want,
+            blob,
+            h,
+            ..
+        },
+        view,
+    )) = complete()
+    else {
+        return;
+    };
+    // A mount of the complete file opens it as EROFS would, between `mounting` and `mounted`.
+    s.mounting(&h).expect("mounting");
+    assert!(
+        !view.unmarked.load(Ordering::Acquire),
+        "watched for the mount"
+    );
+    let mount = std::fs::File::open(&path).expect("the mount's descriptor");
+    s.mounted(&[blob]);
+    assert!(view.unmarked.load(Ordering::Acquire), "unwatched again");
+    // A bit flips on disk; the scrub finds it and makes the chunk a hole, watched again.
+    let c = h.toc.chunks[2];
+    let at = c.block as u64 * BLOCK_SIZE + 7;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open view file");
+    std::os::unix::fs::FileExt::write_at(&f, &[want[at as usize] ^ 1], at).expect("flip");
+    drop(f);
+    assert_eq!(s.scrub().1.bad, 1);
+    // The mount's descriptor asks: the chunk is fetched again and it reads the right bytes.
+    let fetched = kit.faults.reads(&key);
+    let mut got = vec![0u8; want.len()];
+    std::os::unix::fs::FileExt::read_exact_at(&mount, &mut got, 0).expect("read");
+    assert!(got == want, "the mount read the bad byte");
+    assert!(kit.faults.reads(&key) > fetched, "refetched");
+    s.stop();
+}
+
+/// Bytes of disk `path` takes.
+fn disk(path: &std::path::Path) -> u64 {
+    std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(path).expect("stat")) * 512
+}
+
+#[test]
+fn a_chunk_marked_for_eviction_is_taken_back_when_read_and_punched_out_after_its_grace() {
+    let Some((
+        Served {
+            _dir,
+            kit,
+            s,
+            path,
+            key,
+            want,
+            h,
+            ..
+        },
+        view,
+    )) = complete()
+    else {
+        return;
+    };
+    let chunk = h.toc.chunks[1].blocks() * BLOCK_SIZE;
+    let mark = |i: usize| {
+        view.mark_evicting(&[i], std::time::Instant::now(), |p| s.group.mark(p))
+            .expect("mark")
+    };
+    assert_eq!(mark(1), chunk);
+    assert!(
+        !view.complete() && !view.unmarked.load(Ordering::Acquire),
+        "watched again"
+    );
+    assert_eq!(view.evicting_bytes(), chunk);
+    // Read before its punch: taken back, nothing fetched.
+    let fetched = kit.faults.reads(&key);
+    assert!(cat(&path).stdout == want);
+    assert_eq!(kit.faults.reads(&key), fetched, "taken back, not fetched");
+    assert!(view.complete() && view.evicting_bytes() == 0);
+    // Marked again: not punched before its grace, punched after it.
+    let at = std::time::Instant::now();
+    mark(1);
+    let before = disk(&path);
+    assert_eq!(view.punch_evicting(at - Duration::from_secs(1)), (0, 0));
+    assert_eq!(view.punch_evicting(std::time::Instant::now()), (1, chunk));
+    assert!(
+        disk(&path) <= before - chunk,
+        "the chunk's blocks are freed"
+    );
+    // Its next read fetches it again: the right bytes, never a hole.
+    assert!(cat(&path).stdout == want);
+    assert!(kit.faults.reads(&key) > fetched, "refetched");
+    assert_eq!(s.scrub().1.bad, 0);
+    s.stop();
+}
+
+#[test]
+fn an_eviction_pass_brings_allowed_view_files_under_the_bound() {
+    let Some(Served {
+        _dir,
+        kit,
+        s,
+        path,
+        key,
+        want,
+        blob,
+        ..
+    }) = served()
+    else {
+        return;
+    };
+    assert!(cat(&path).stdout == want);
+    let full = disk(&path);
+    let none = std::collections::HashSet::new();
+    assert_eq!(
+        s.evict(&none, 0, Duration::ZERO),
+        evict::Pass::default(),
+        "no blob allowed"
+    );
+    let allowed: std::collections::HashSet<Digest> = [blob].into_iter().collect();
+    let first = s.evict(&allowed, 0, Duration::ZERO);
+    assert_eq!(first.punched, (0, 0), "marked first");
+    assert!(first.marked > 0);
+    let second = s.evict(&allowed, 0, Duration::ZERO);
+    assert_eq!(second.punched.1, first.marked, "then punched");
+    assert!(disk(&path) < full);
+    let fetched = kit.faults.reads(&key);
+    assert!(cat(&path).stdout == want);
+    assert!(kit.faults.reads(&key) > fetched, "refetched");
+    // Stopped (a handover): no more punches.
+    s.stop();
+    assert_eq!(s.evict(&allowed, 0, Duration::ZERO), evict::Pass::default());
 }
 
 /// Pages of `path` in the page cache ([`sys::cached_pages`]; not `fincore`, which maps the file).

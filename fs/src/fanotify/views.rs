@@ -34,8 +34,9 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::Instant;
 
 use strata_registry::digest::Digest;
 use strata_registry::store::direct;
@@ -51,6 +52,9 @@ use super::pages::Touched;
 const UNKNOWN: u8 = 0;
 const HOLE: u8 = 1;
 const FILLED: u8 = 2;
+/// Filled, but to be punched out ([`super::evict`]): not counted filled, so its next read goes to a
+/// fill thread, which takes it back ([`ViewFile::rescue`]) — its bytes are still in the file.
+const EVICTING: u8 = 3;
 
 /// Why a range could not be filled.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +91,19 @@ pub struct ViewFile {
     filled: AtomicUsize,
     /// Set once the file is complete and no longer watched.
     pub unmarked: AtomicBool,
+    /// Mounts about to open the file ([`super::Server::mounting`] to [`super::Server::mounted`]): it
+    /// stays watched meanwhile, whether complete or not.
+    pub opening: AtomicUsize,
+    /// Held while the file is watched or unwatched (and `unmarked`, `opening` checked for it).
+    pub watch: Mutex<()>,
+    /// When each chunk was last filled or allowed ([`super::evict::clock`]; 0: not since this server
+    /// started): eviction takes the least recently used first.
+    used: Vec<AtomicU32>,
+    /// Chunks marked [`EVICTING`], and when.
+    evicting: Mutex<Vec<(usize, Instant)>>,
+    /// Held shared by whoever writes a chunk's bytes and sets its state to match (and by a rescue),
+    /// alone by a punch: no punch can land between a write and the state that says it is there.
+    punch: RwLock<()>,
     /// The chunk after the last range a reader's miss filled (read-ahead follows sequential misses).
     last: AtomicUsize,
     /// Ranges this server is reading or writing itself: `(offset, len)`.
@@ -176,6 +193,13 @@ impl Views {
                 .collect(),
             filled: AtomicUsize::new(0),
             unmarked: AtomicBool::new(false),
+            opening: AtomicUsize::new(0),
+            watch: Mutex::new(()),
+            used: (0..blob.toc.chunks.len())
+                .map(|_| AtomicU32::new(0))
+                .collect(),
+            evicting: Mutex::default(),
+            punch: RwLock::default(),
             last: AtomicUsize::new(usize::MAX),
             own: Mutex::default(),
             filling: Mutex::default(),
@@ -372,6 +396,7 @@ impl ViewFile {
     ) -> Result<bool, FillError> {
         match self.chunks[i].load(Ordering::Acquire) {
             FILLED => return Ok(true),
+            EVICTING if self.rescue(i) => return Ok(true),
             UNKNOWN if self.holds(i)? => {
                 self.set_filled(i);
                 return Ok(true);
@@ -390,6 +415,7 @@ impl ViewFile {
             // The fetch wrote it here itself (this file is the blob's home).
             return Ok(true);
         }
+        let _punch = self.punch.read().unwrap_or_else(|p| p.into_inner());
         self.write_chunk(i, |buf| bytes.read_at(buf, 0))?;
         self.set_filled(i);
         Ok(true)
@@ -422,9 +448,132 @@ impl ViewFile {
     }
 
     fn set_filled(&self, i: usize) {
+        self.used[i].store(super::evict::clock(), Ordering::Relaxed);
         if self.chunks[i].swap(FILLED, Ordering::AcqRel) != FILLED {
             self.filled.fetch_add(1, Ordering::AcqRel);
         }
+    }
+
+    /// Records that the chunks of `range` were read now (an event allowed).
+    pub fn note_used(&self, range: std::ops::Range<usize>) {
+        let now = super::evict::clock();
+        for u in self.used.get(range).unwrap_or_default() {
+            u.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes back chunk `i` if it is marked [`EVICTING`] (its bytes are still in the file): whether
+    /// it was.
+    fn rescue(&self, i: usize) -> bool {
+        let _punch = self.punch.read().unwrap_or_else(|p| p.into_inner());
+        let back = self.chunks[i]
+            .compare_exchange(EVICTING, FILLED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if back {
+            self.used[i].store(super::evict::clock(), Ordering::Relaxed);
+            self.filled.fetch_add(1, Ordering::AcqRel);
+        }
+        back
+    }
+
+    /// Filled chunks last used at or before `before` ([`super::evict::clock`]): `(last used, chunk,
+    /// bytes a punch frees)`.
+    pub fn evictable(&self, before: u32) -> Vec<(u32, usize, u64)> {
+        let mut out = Vec::new();
+        for (i, c) in self.blob.toc.chunks.iter().enumerate() {
+            let used = self.used[i].load(Ordering::Relaxed);
+            if used <= before && self.chunks[i].load(Ordering::Acquire) == FILLED {
+                out.push((used, i, c.blocks() * BLOCK_SIZE));
+            }
+        }
+        out
+    }
+
+    /// Marks `chunks` [`EVICTING`] (those still filled), noting `now`; `watch` is called first if
+    /// the file was complete and no longer watched (a read of a chunk punched later must be
+    /// reported). Returns the bytes marked.
+    pub fn mark_evicting(
+        &self,
+        chunks: &[usize],
+        now: Instant,
+        watch: impl FnOnce(&Path) -> io::Result<()>,
+    ) -> io::Result<u64> {
+        let _watch = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        if self.unmarked.load(Ordering::Acquire) {
+            watch(&self.path)?;
+            self.unmarked.store(false, Ordering::Release);
+        }
+        let mut marked = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
+        let mut bytes = 0;
+        for &i in chunks {
+            let Some(c) = self.blob.toc.chunks.get(i) else {
+                continue;
+            };
+            if self.chunks[i]
+                .compare_exchange(FILLED, EVICTING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                self.filled.fetch_sub(1, Ordering::AcqRel);
+                marked.push((i, now));
+                bytes += c.blocks() * BLOCK_SIZE;
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Bytes of the chunks marked [`EVICTING`] and not yet punched or taken back.
+    pub fn evicting_bytes(&self) -> u64 {
+        let marked = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
+        marked
+            .iter()
+            .filter(|&&(i, _)| self.chunks[i].load(Ordering::Acquire) == EVICTING)
+            .map(|&(i, _)| self.blob.toc.chunks[i].blocks() * BLOCK_SIZE)
+            .sum()
+    }
+
+    /// Punches out the chunks marked [`EVICTING`] at or before `cutoff` and still marked (each a
+    /// hole again, fetched on its next read): `(chunks, bytes)`. A chunk whose punch fails is
+    /// taken back.
+    pub fn punch_evicting(&self, cutoff: Instant) -> (usize, u64) {
+        let due: Vec<usize> = {
+            let mut marked = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
+            let mut due = Vec::new();
+            marked.retain(|&(i, at)| {
+                let still = self.chunks[i].load(Ordering::Acquire) == EVICTING;
+                if still && at <= cutoff {
+                    due.push(i);
+                }
+                still && at > cutoff
+            });
+            due
+        };
+        let (mut chunks, mut bytes) = (0, 0);
+        let _punch = self.punch.write().unwrap_or_else(|p| p.into_inner());
+        for i in due {
+            if self.chunks[i].load(Ordering::Acquire) != EVICTING {
+                continue;
+            }
+            let c = self.blob.toc.chunks[i];
+            let (at, len) = (c.block as u64 * BLOCK_SIZE, c.blocks() * BLOCK_SIZE);
+            let flags =
+                rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+            match self.own(at, len, || {
+                rustix::fs::fallocate(&self.file, flags, at, len)
+            }) {
+                Ok(()) => {
+                    self.chunks[i].store(HOLE, Ordering::Release);
+                    chunks += 1;
+                    bytes += len;
+                }
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), chunk = i, error = %e,
+                        "cannot punch a chunk out of a view file: kept");
+                    self.chunks[i].store(FILLED, Ordering::Release);
+                    self.filled.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        }
+        (chunks, bytes)
     }
 
     /// Checks every chunk known to be filled against its digest (read back with direct I/O, one
@@ -568,7 +717,7 @@ impl ChunkHome for ViewFile {
         let Some(c) = self.blob.toc.chunks.get(j) else {
             return false;
         };
-        if self.chunks[j].load(Ordering::Acquire) == FILLED {
+        if self.chunks[j].load(Ordering::Acquire) == FILLED || self.rescue(j) {
             return true;
         }
         if bytes.len() != c.len as usize {
@@ -578,12 +727,14 @@ impl ChunkHome for ViewFile {
             buf.copy_from_slice(bytes);
             Ok(())
         };
+        let punch = self.punch.read().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = self.write_chunk(j, copy) {
             tracing::warn!(blob = %self.blob.blob.digest, chunk = j, error = %e,
                 "a fetched chunk could not be written to its view file; cached instead");
             return false;
         }
         self.set_filled(j);
+        drop(punch);
         // Under the lock `claim` checks the state with, so that no waiter misses the news.
         let _filling = self.filling.lock().unwrap_or_else(|p| p.into_inner());
         self.filled_cv.notify_all();

@@ -1,0 +1,168 @@
+//! `fanotify` mode's view files and their disk: trimmed when layers are released, kept to
+//! `cache_size` under mounted layers by punching out chunks, and room made when their disk is full
+//! (`docs/DAEMON.md`, *The bound*). Each test forces `fanotify` mode and needs pre-content events.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use strata_tests::smallfs::small_ext4;
+use strata_tests::*;
+
+/// Builds each `(tag, name, data)` as an image of one file, `data/<name>`, and nothing else (not
+/// [`build_image`]: its busybox, deduplicated, would make the second layer name the first's blob).
+fn one_file_images(store: &StoreEnv, images: &[(&str, &str, &[u8])]) {
+    for (tag, name, data) in images {
+        let src = scratch("img");
+        std::fs::create_dir(src.path().join("data")).expect("mkdir");
+        std::fs::write(src.path().join("data").join(name), data).expect("write");
+        store.ok(&["build", src.path().to_str().expect("utf8"), "-t", tag]);
+    }
+}
+
+#[test]
+fn view_files_of_released_layers_are_trimmed_never_a_mounted_layers() {
+    if !have(&[Need::PreContent]) {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let (a, b) = (random_bytes(2 << 20, 11), random_bytes(2 << 20, 12));
+    one_file_images(&store, &[("va:v1", "a.bin", &a), ("vb:v1", "b.bin", &b)]);
+    // A bound far below what the two layers read: only files no mounted layer reads may go.
+    let d = Daemon::start(&store, &["--mount-mode", "fanotify", "--cache-size", "1M"]);
+    let views = d.state.path().join("views");
+    let count = || std::fs::read_dir(&views).expect("views dir").count();
+    let read = |root: &str, f: &str| std::fs::read(Path::new(root).join("data").join(f));
+    let ra = d.ok(&["mount", "va:v1", "--sandbox", "a"]);
+    let rb = d.ok(&["mount", "vb:v1", "--sandbox", "b"]);
+    assert!(read(&ra, "a.bin").expect("read a") == a);
+    assert!(read(&rb, "b.bin").expect("read b") == b);
+    assert_eq!(count(), 2, "a view file per layer's blob");
+    d.ok(&["umount", "--sandbox", "a", "--purge"]);
+    assert_eq!(
+        count(),
+        1,
+        "the released layer's view file goes, the mounted one's stays (both over the bound)"
+    );
+    // The mounted layer's file stays, though over the bound; its pages dropped, it reads the same.
+    strata_tests::readers::drop_caches();
+    assert!(read(&rb, "b.bin").expect("read b again") == b);
+    let ra = d.ok(&["mount", "va:v1", "--sandbox", "a2"]);
+    assert!(read(&ra, "a.bin").expect("read a again") == a, "refilled");
+    // The data at rest checks out: both files' filled chunks read back with their digests.
+    let scrub = json(&d.ok(&["daemon", "scrub", "--json"]));
+    assert_eq!(scrub["files"].as_u64(), Some(2), "{scrub}");
+    assert_eq!(scrub["bad"].as_u64(), Some(0), "{scrub}");
+    assert!(scrub["bytes"].as_u64().unwrap_or(0) >= 4 << 20, "{scrub}");
+}
+
+#[test]
+fn a_full_view_disk_deletes_view_files_no_layer_reads_and_the_read_goes_on() {
+    if !have(&[Need::PreContent]) {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let (a, b) = (random_bytes(5 << 20, 31), random_bytes(5 << 20, 32));
+    one_file_images(&store, &[("fa:v1", "a.bin", &a), ("fb:v1", "b.bin", &b)]);
+    // The view files on 8 MiB: room for one layer's 5 MiB, not for two.
+    let state = scratch("state");
+    let views = state.path().join("views");
+    std::fs::create_dir_all(&views).expect("mkdir");
+    let small = small_ext4(&views, 8 << 20);
+    // The default `cache_size` keeps a released layer's view file.
+    let mut d = Daemon::start_in(&store, state, &["--mount-mode", "fanotify"]);
+    let count = || std::fs::read_dir(&views).expect("views dir").count();
+    let read = |root: &str, f: &str| std::fs::read(Path::new(root).join("data").join(f));
+    let ra = d.ok(&["mount", "fa:v1", "--sandbox", "a"]);
+    assert!(read(&ra, "a.bin").expect("read a") == a);
+    d.ok(&["umount", "--sandbox", "a", "--purge"]);
+    // `lost+found` and the released layer's view file.
+    assert_eq!(count(), 2, "a released layer's view file is kept");
+    let rb = d.ok(&["mount", "fb:v1", "--sandbox", "b"]);
+    assert!(
+        read(&rb, "b.bin").expect("read with the view files' disk full") == b,
+        "the read goes on once the unused view file is deleted"
+    );
+    let status = json(&d.ok(&["daemon", "status"]));
+    let relieved = status["fanotify"]["relieved"].as_u64().unwrap_or(0);
+    assert!(relieved >= 1, "no fill tried again: {}", status["fanotify"]);
+    assert_eq!(count(), 2, "only the mounted layer's view file is left");
+    d.stop();
+    drop(small);
+}
+
+#[test]
+fn a_mounted_layers_view_file_is_kept_to_the_bound_and_reads_the_same() {
+    if !have(&[Need::PreContent]) {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let data = random_bytes(12 << 20, 41);
+    one_file_images(&store, &[("ev:v1", "e.bin", &data)]);
+    let d = Daemon::start(
+        &store,
+        &[
+            "--mount-mode",
+            "fanotify",
+            "--cache-size",
+            "4M",
+            "--view-evict-grace",
+            "1",
+        ],
+    );
+    let root = d.ok(&["mount", "ev:v1", "--sandbox", "e"]);
+    let file = Path::new(&root).join("data/e.bin");
+    assert!(std::fs::read(&file).expect("first read") == data);
+    let fanotify = || json(&d.ok(&["daemon", "status"]))["fanotify"].clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut f = fanotify();
+    while !(f["evicted_bytes"].as_u64() > Some(0) && f["disk_bytes"].as_u64() <= Some(5 << 20)) {
+        assert!(Instant::now() < deadline, "not brought to the bound: {f}");
+        std::thread::sleep(Duration::from_millis(200));
+        f = fanotify();
+    }
+    // The layer stayed mounted all along; its evicted chunks come back from the store. Two
+    // readers go through it a MiB at a time, slowly, over and over, the page cache dropped
+    // meanwhile, so that what they read a few seconds ago is marked and punched out while they
+    // read on: every read gives the file's bytes, never a hole.
+    let evicted = f["evicted_chunks"].as_u64().unwrap_or(0);
+    let until = Instant::now() + Duration::from_secs(8);
+    std::thread::scope(|sc| {
+        for start in [0, 6] {
+            let (file, data) = (&file, &data);
+            sc.spawn(move || {
+                let f = std::fs::File::open(file).expect("open");
+                let mut buf = vec![0u8; 1 << 20];
+                for step in 0.. {
+                    if Instant::now() >= until {
+                        break;
+                    }
+                    let at = ((start + step) % 12) << 20;
+                    std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, at as u64)
+                        .expect("read while evicting");
+                    assert!(
+                        buf[..] == data[at..at + (1 << 20)],
+                        "MiB {} differs",
+                        at >> 20
+                    );
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+            });
+        }
+        while Instant::now() < until {
+            strata_tests::readers::drop_caches();
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    let after = fanotify();
+    eprintln!("eviction before the readers: {f}\nafter them: {after}");
+    let again = after["evicted_chunks"].as_u64().unwrap_or(0);
+    assert!(
+        again > evicted,
+        "no eviction while the readers read: {after}"
+    );
+    let scrub = json(&d.ok(&["daemon", "scrub", "--json"]));
+    assert_eq!(scrub["bad"].as_u64(), Some(0), "{scrub}");
+}
