@@ -166,3 +166,64 @@ fn a_mounted_layers_view_file_is_kept_to_the_bound_and_reads_the_same() {
     let scrub = json(&d.ok(&["daemon", "scrub", "--json"]));
     assert_eq!(scrub["bad"].as_u64(), Some(0), "{scrub}");
 }
+
+#[test]
+fn a_successor_evicts_only_from_layers_mounted_with_their_view_files_watched() {
+    if !have(&[Need::PreContent]) {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let data = random_bytes(12 << 20, 43);
+    one_file_images(&store, &[("sv:v1", "s.bin", &data)]);
+    let args = [
+        "--mount-mode",
+        "fanotify",
+        "--cache-size",
+        "4M",
+        "--view-evict-grace",
+        "1",
+    ];
+    let d = Daemon::start(&store, &args);
+    let root = d.ok(&["mount", "sv:v1", "--sandbox", "s"]);
+    let file = Path::new(&root).join("data/s.bin");
+    let status = || json(&d.ok(&["daemon", "status"]));
+    let layer = status()["layers"][0]["path"]
+        .as_str()
+        .expect("layer path")
+        .to_string();
+    let marker = Path::new(&layer).with_extension("watched");
+    assert!(marker.exists(), "no marker beside {layer}");
+    // A successor of a server killed: the layer was mounted with its files watched, so it evicts.
+    let successor = |old: u32| {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &old.to_string()])
+            .status();
+        d.wait_new_server(old)
+    };
+    let first = successor(d.server_pid());
+    assert!(std::fs::read(&file).expect("read") == data);
+    let brought_down = || {
+        let f = &status()["fanotify"];
+        f["evicted_bytes"].as_u64() > Some(0) && f["disk_bytes"].as_u64() <= Some(5 << 20)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !brought_down() {
+        assert!(
+            Instant::now() < deadline,
+            "not evicting: {}",
+            status()["fanotify"]
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Without the marker (a mount an older stratad made), the next successor leaves it alone.
+    std::fs::remove_file(&marker).expect("remove the marker");
+    successor(first);
+    strata_tests::readers::drop_caches();
+    assert!(std::fs::read(&file).expect("read again") == data);
+    std::thread::sleep(Duration::from_secs(4));
+    let f = status()["fanotify"].clone();
+    assert_eq!(f["evicted_bytes"].as_u64(), Some(0), "{f}");
+    assert_eq!(f["evicting_bytes"].as_u64(), Some(0), "{f}");
+    assert!(f["disk_bytes"].as_u64() > Some(8 << 20), "{f}");
+}

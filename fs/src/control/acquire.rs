@@ -121,7 +121,7 @@ impl Daemon {
                 path: target.clone(),
                 bytes,
                 blobs,
-                here: true,
+                views_watched: true,
             },
         );
         Ok((target, bytes))

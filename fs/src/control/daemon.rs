@@ -154,9 +154,10 @@ pub(crate) struct LayerMount {
     pub(crate) bytes: u64,
     /// The blobs the layer reads (`fanotify` mode keeps their view files: [`Daemon::trim_views`]).
     pub(crate) blobs: Vec<Digest>,
-    /// Mounted by this process (not found mounted at start): `fanotify` mode evicts chunks only of
-    /// blobs no layer mounted before reads ([`crate::fanotify::evict`]).
-    pub(crate) here: bool,
+    /// Mounted with its view files watched: by this process, or by one that left the marker saying so
+    /// (`loops::watched_marker`). `fanotify` mode evicts chunks only of blobs no other layer reads
+    /// ([`crate::fanotify::evict`]).
+    pub(crate) views_watched: bool,
 }
 
 #[derive(Default)]
@@ -474,6 +475,7 @@ impl Daemon {
         }
         self.trees.remove(d);
         let _ = std::fs::remove_dir(&p);
+        let _ = std::fs::remove_file(crate::control::loops::watched_marker(&p));
         drop(flight);
         self.trim_metadata();
         self.trim_views();
@@ -631,6 +633,7 @@ impl Daemon {
         let layers: Vec<PathBuf> = self.lock().layers.drain().map(|(_, l)| l.path).collect();
         for p in layers {
             let _ = mount::unmount(&p, true);
+            let _ = std::fs::remove_file(crate::control::loops::watched_marker(&p));
         }
         self.trees.clear();
         if let Some(v) = &self.views {

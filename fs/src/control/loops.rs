@@ -97,6 +97,13 @@ pub fn devices_under(dirs: &[PathBuf]) -> Vec<Bound> {
 /// Read-ahead of a layer mount in `fanotify` mode: a chunk (see [`Daemon::mount_layer`]).
 const VIEW_READ_AHEAD_KB: u32 = 1024;
 
+/// Beside a `fanotify` layer mount at `target`: the mount opened its view files while they were
+/// watched ([`crate::fanotify::Server::mounting`]), as stratad versions before eviction did not
+/// make sure of; a server that finds the layer mounted evicts from its files only if this is there.
+pub(crate) fn watched_marker(target: &Path) -> PathBuf {
+    target.with_extension("watched")
+}
+
 impl Daemon {
     /// Mounts a layer's EROFS at `target` in this node's mode: its metadata file `meta` with the blob
     /// server's files of `blobs` as devices (`file`), or loop devices of them (`loop`), or the blobs'
@@ -128,6 +135,11 @@ impl Daemon {
                 // Without `directio`: a range just filled is read from memory (`fanotify::pages`
                 // drops the view files' pages once read, so that EROFS's copy is the only one).
                 mount::mount_erofs_with(meta, blobs, target, false)?;
+                // Its view files were opened watched: a successor may evict from them too.
+                if let Err(e) = std::fs::write(watched_marker(target), b"") {
+                    tracing::warn!(layer = %layer, error = %e,
+                        "a successor will not evict from this layer's view files");
+                }
                 // Each read of a view file that misses EROFS's page cache is an event and a wait:
                 // reads the size of a chunk (not 128 KiB) are an eighth of the events (a 1 GiB
                 // first read: 1,042 events instead of 8,186, 447 against 397 MB/s; 4 MiB: 212 MB/s).

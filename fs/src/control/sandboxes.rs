@@ -361,6 +361,9 @@ impl Daemon {
             match self.serve_layer(&d) {
                 Ok((blobs, bytes)) => {
                     let path = runtime.join("layers").join(d.hex());
+                    // Mounted before: its view files are evicted from only if it was mounted
+                    // with them watched (`fanotify::evict`).
+                    let views_watched = crate::control::loops::watched_marker(&path).exists();
                     st.layers.insert(
                         d,
                         LayerMount {
@@ -368,7 +371,7 @@ impl Daemon {
                             path,
                             bytes,
                             blobs,
-                            here: false,
+                            views_watched,
                         },
                     );
                 }

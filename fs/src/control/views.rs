@@ -227,7 +227,8 @@ impl Daemon {
         }
         let allowed = {
             let st = self.lock();
-            fanotify::evict::allowed(st.layers.values().map(|l| (l.here, &l.blobs[..])))
+            let layers = st.layers.values();
+            fanotify::evict::allowed(layers.map(|l| (l.views_watched, &l.blobs[..])))
         };
         let p = server.evict(&allowed, bound, grace);
         if p.punched.0 > 0 || p.marked > 0 {

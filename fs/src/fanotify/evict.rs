@@ -20,8 +20,9 @@
 //!
 //! A mount that opened its view file while the file was not watched would never report a read
 //! (Linux decides at open), so [`super::Server::mounting`] makes sure every mount opens them watched;
-//! mounts a predecessor made may not have (older versions did not), so the daemon lets eviction touch
-//! only blobs that no layer mounted before this server started reads.
+//! mounts a predecessor made may not have (versions before eviction did not), so the daemon lets
+//! eviction touch only blobs that no layer mounted without that assurance reads (a marker beside
+//! each layer mount says it was, for successors).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
@@ -128,20 +129,21 @@ fn choose(views: &[Arc<ViewFile>], before: u32, excess: u64) -> Vec<(Arc<ViewFil
         .collect()
 }
 
-/// The blobs eviction may touch: read by layers this server mounted (`here`), by none mounted before.
+/// The blobs eviction may touch: read by layers mounted with their view files watched (`true`), by
+/// none mounted without that assurance.
 pub fn allowed<'a>(
     layers: impl Iterator<Item = (bool, &'a [Digest])>,
 ) -> std::collections::HashSet<Digest> {
-    let mut here = std::collections::HashSet::new();
-    let mut inherited = std::collections::HashSet::new();
-    for (mine, blobs) in layers {
-        match mine {
-            true => here.extend(blobs.iter().copied()),
-            false => inherited.extend(blobs.iter().copied()),
+    let mut watched = std::collections::HashSet::new();
+    let mut unsure = std::collections::HashSet::new();
+    for (sure, blobs) in layers {
+        match sure {
+            true => watched.extend(blobs.iter().copied()),
+            false => unsure.extend(blobs.iter().copied()),
         }
     }
-    here.retain(|d| !inherited.contains(d));
-    here
+    watched.retain(|d| !unsure.contains(d));
+    watched
 }
 
 #[cfg(test)]
