@@ -227,3 +227,75 @@ fn a_successor_evicts_only_from_layers_mounted_with_their_view_files_watched() {
     assert_eq!(f["evicting_bytes"].as_u64(), Some(0), "{f}");
     assert!(f["disk_bytes"].as_u64() > Some(8 << 20), "{f}");
 }
+
+#[test]
+fn readers_lose_nothing_when_servers_evicting_under_them_are_killed() {
+    if !have(&[Need::PreContent]) {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let data = random_bytes(12 << 20, 44);
+    one_file_images(&store, &[("sk:v1", "k.bin", &data)]);
+    let d = Daemon::start(
+        &store,
+        &[
+            "--mount-mode",
+            "fanotify",
+            "--cache-size",
+            "4M",
+            "--view-evict-grace",
+            "1",
+        ],
+    );
+    let root = d.ok(&["mount", "sk:v1", "--sandbox", "k"]);
+    let file = Path::new(&root).join("data/k.bin");
+    assert!(std::fs::read(&file).expect("first read") == data);
+    // Two readers go through the file a MiB at a time while eviction marks and punches what they
+    // read a few seconds ago, the page cache is dropped, and the server is killed every 2.5 s.
+    let until = Instant::now() + Duration::from_secs(10);
+    let (mut kills, mut evicted) = (0, 0);
+    std::thread::scope(|sc| {
+        for start in [0, 6] {
+            let (file, data) = (&file, &data);
+            sc.spawn(move || {
+                let f = std::fs::File::open(file).expect("open");
+                let mut buf = vec![0u8; 1 << 20];
+                for step in 0.. {
+                    if Instant::now() >= until {
+                        break;
+                    }
+                    let at = ((start + step) % 12) << 20;
+                    std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, at as u64)
+                        .expect("a read across a kill");
+                    assert!(
+                        buf[..] == data[at..at + (1 << 20)],
+                        "MiB {} differs",
+                        at >> 20
+                    );
+                    std::thread::sleep(Duration::from_millis(150));
+                }
+            });
+        }
+        while Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(2500));
+            let status = json(&d.ok(&["daemon", "status"]));
+            evicted += status["fanotify"]["evicted_chunks"].as_u64().unwrap_or(0);
+            strata_tests::readers::drop_caches();
+            let old = status["pid"].as_u64().expect("pid") as u32;
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &old.to_string()])
+                .status();
+            d.wait_new_server(old);
+            kills += 1;
+        }
+    });
+    eprintln!("{kills} servers killed; {evicted} chunks punched out by them before");
+    assert!(
+        kills >= 3 && evicted > 0,
+        "{kills} kills, {evicted} chunks evicted"
+    );
+    assert!(std::fs::read(&file).expect("last read") == data);
+    let scrub = json(&d.ok(&["daemon", "scrub", "--json"]));
+    assert_eq!(scrub["bad"].as_u64(), Some(0), "{scrub}");
+}
