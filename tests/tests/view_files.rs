@@ -2,7 +2,7 @@
 //! `cache_size` under mounted layers by punching out chunks, and room made when their disk is full
 //! (`docs/DAEMON.md`, *The bound*). Each test forces `fanotify` mode and needs pre-content events.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use strata_tests::smallfs::small_ext4;
@@ -16,6 +16,64 @@ fn one_file_images(store: &StoreEnv, images: &[(&str, &str, &[u8])]) {
         std::fs::create_dir(src.path().join("data")).expect("mkdir");
         std::fs::write(src.path().join("data").join(name), data).expect("write");
         store.ok(&["build", src.path().to_str().expect("utf8"), "-t", tag]);
+    }
+}
+
+/// A `fanotify` daemon keeping its view files to 4 MiB with a 1 s grace, and a sandbox of an image of
+/// one 12 MiB file, `data/<name>` (random from `seed`), read once whole.
+/// (Bind every field: one left to `..` is dropped at once, and the store's directory with it.)
+struct Evicting {
+    d: Daemon,
+    file: PathBuf,
+    data: Vec<u8>,
+    _store: StoreEnv,
+    _sdir: tempfile::TempDir,
+}
+
+fn evicting(tag: &str, name: &str, seed: u32) -> Evicting {
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let data = random_bytes(12 << 20, seed);
+    one_file_images(&store, &[(tag, name, &data)]);
+    let args = [
+        "--mount-mode",
+        "fanotify",
+        "--cache-size",
+        "4M",
+        "--view-evict-grace",
+        "1",
+    ];
+    let d = Daemon::start(&store, &args);
+    let root = d.ok(&["mount", tag, "--sandbox", "s"]);
+    let file = Path::new(&root).join("data").join(name);
+    assert!(std::fs::read(&file).expect("first read") == data);
+    Evicting {
+        d,
+        file,
+        data,
+        _store: store,
+        _sdir: sdir,
+    }
+}
+
+/// Reads `file` a MiB at a time from MiB `start` on, round and round, `pause` apart, until `until`:
+/// every MiB must be `data`'s (so what was read a few seconds ago is evicted while the reader reads on).
+fn read_by_the_mib(file: &Path, data: &[u8], start: usize, pause: Duration, until: Instant) {
+    let f = std::fs::File::open(file).expect("open");
+    let mut buf = vec![0u8; 1 << 20];
+    let mibs = data.len() >> 20;
+    for step in 0.. {
+        if Instant::now() >= until {
+            break;
+        }
+        let at = ((start + step) % mibs) << 20;
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, at as u64).expect("read");
+        assert!(
+            buf[..] == data[at..at + (1 << 20)],
+            "MiB {} differs",
+            at >> 20
+        );
+        std::thread::sleep(pause);
     }
 }
 
@@ -97,24 +155,13 @@ fn a_mounted_layers_view_file_is_kept_to_the_bound_and_reads_the_same() {
     if !have(&[Need::PreContent]) {
         return;
     }
-    let sdir = scratch("store");
-    let store = StoreEnv::local(sdir.path());
-    let data = random_bytes(12 << 20, 41);
-    one_file_images(&store, &[("ev:v1", "e.bin", &data)]);
-    let d = Daemon::start(
-        &store,
-        &[
-            "--mount-mode",
-            "fanotify",
-            "--cache-size",
-            "4M",
-            "--view-evict-grace",
-            "1",
-        ],
-    );
-    let root = d.ok(&["mount", "ev:v1", "--sandbox", "e"]);
-    let file = Path::new(&root).join("data/e.bin");
-    assert!(std::fs::read(&file).expect("first read") == data);
+    let Evicting {
+        d,
+        file,
+        data,
+        _store,
+        _sdir,
+    } = evicting("ev:v1", "e.bin", 41);
     let fanotify = || json(&d.ok(&["daemon", "status"]))["fanotify"].clone();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut f = fanotify();
@@ -132,24 +179,7 @@ fn a_mounted_layers_view_file_is_kept_to_the_bound_and_reads_the_same() {
     std::thread::scope(|sc| {
         for start in [0, 6] {
             let (file, data) = (&file, &data);
-            sc.spawn(move || {
-                let f = std::fs::File::open(file).expect("open");
-                let mut buf = vec![0u8; 1 << 20];
-                for step in 0.. {
-                    if Instant::now() >= until {
-                        break;
-                    }
-                    let at = ((start + step) % 12) << 20;
-                    std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, at as u64)
-                        .expect("read while evicting");
-                    assert!(
-                        buf[..] == data[at..at + (1 << 20)],
-                        "MiB {} differs",
-                        at >> 20
-                    );
-                    std::thread::sleep(Duration::from_millis(250));
-                }
-            });
+            sc.spawn(move || read_by_the_mib(file, data, start, Duration::from_millis(250), until));
         }
         while Instant::now() < until {
             strata_tests::readers::drop_caches();
@@ -172,21 +202,13 @@ fn a_successor_evicts_only_from_layers_mounted_with_their_view_files_watched() {
     if !have(&[Need::PreContent]) {
         return;
     }
-    let sdir = scratch("store");
-    let store = StoreEnv::local(sdir.path());
-    let data = random_bytes(12 << 20, 43);
-    one_file_images(&store, &[("sv:v1", "s.bin", &data)]);
-    let args = [
-        "--mount-mode",
-        "fanotify",
-        "--cache-size",
-        "4M",
-        "--view-evict-grace",
-        "1",
-    ];
-    let d = Daemon::start(&store, &args);
-    let root = d.ok(&["mount", "sv:v1", "--sandbox", "s"]);
-    let file = Path::new(&root).join("data/s.bin");
+    let Evicting {
+        d,
+        file,
+        data,
+        _store,
+        _sdir,
+    } = evicting("sv:v1", "s.bin", 43);
     let status = || json(&d.ok(&["daemon", "status"]));
     let layer = status()["layers"][0]["path"]
         .as_str()
@@ -233,24 +255,13 @@ fn readers_lose_nothing_when_servers_evicting_under_them_are_killed() {
     if !have(&[Need::PreContent]) {
         return;
     }
-    let sdir = scratch("store");
-    let store = StoreEnv::local(sdir.path());
-    let data = random_bytes(12 << 20, 44);
-    one_file_images(&store, &[("sk:v1", "k.bin", &data)]);
-    let d = Daemon::start(
-        &store,
-        &[
-            "--mount-mode",
-            "fanotify",
-            "--cache-size",
-            "4M",
-            "--view-evict-grace",
-            "1",
-        ],
-    );
-    let root = d.ok(&["mount", "sk:v1", "--sandbox", "k"]);
-    let file = Path::new(&root).join("data/k.bin");
-    assert!(std::fs::read(&file).expect("first read") == data);
+    let Evicting {
+        d,
+        file,
+        data,
+        _store,
+        _sdir,
+    } = evicting("sk:v1", "k.bin", 44);
     // Two readers go through the file a MiB at a time while eviction marks and punches what they
     // read a few seconds ago, the page cache is dropped, and the server is killed every 2.5 s.
     let until = Instant::now() + Duration::from_secs(10);
@@ -258,24 +269,7 @@ fn readers_lose_nothing_when_servers_evicting_under_them_are_killed() {
     std::thread::scope(|sc| {
         for start in [0, 6] {
             let (file, data) = (&file, &data);
-            sc.spawn(move || {
-                let f = std::fs::File::open(file).expect("open");
-                let mut buf = vec![0u8; 1 << 20];
-                for step in 0.. {
-                    if Instant::now() >= until {
-                        break;
-                    }
-                    let at = ((start + step) % 12) << 20;
-                    std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, at as u64)
-                        .expect("a read across a kill");
-                    assert!(
-                        buf[..] == data[at..at + (1 << 20)],
-                        "MiB {} differs",
-                        at >> 20
-                    );
-                    std::thread::sleep(Duration::from_millis(150));
-                }
-            });
+            sc.spawn(move || read_by_the_mib(file, data, start, Duration::from_millis(150), until));
         }
         while Instant::now() < until {
             std::thread::sleep(Duration::from_millis(2500));

@@ -18,6 +18,10 @@
 //!    Writers of chunk bytes hold the file's punch lock shared, a punch alone, so that no punch lands
 //!    between a write and the state that says the chunk is there.
 //!
+//! A server that starts on view files an earlier one filled knows none of their chunks (it checks
+//! each on first use); those that take disk (`SEEK_DATA`) are evicted first, marked apart: taken
+//! back, they are checked like any other.
+//!
 //! A mount that opened its view file while the file was not watched would never report a read
 //! (Linux decides at open), so [`super::Server::mounting`] makes sure every mount opens them watched;
 //! mounts a predecessor made may not have (versions before eviction did not), so the daemon lets
@@ -30,7 +34,13 @@ use std::time::{Duration, Instant};
 
 use strata_registry::digest::Digest;
 
-use super::views::ViewFile;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use strata_registry::toc::BLOCK_SIZE;
+
+use super::views::{ViewFile, EVICTING, EVICTING_UNCHECKED, FILLED, HOLE, UNKNOWN};
 
 /// How long a marked chunk waits before it is punched (`view_evict_grace_secs`'s default).
 pub const GRACE: Duration = Duration::from_secs(30);
@@ -144,6 +154,171 @@ pub fn allowed<'a>(
     }
     watched.retain(|d| !unsure.contains(d));
     watched
+}
+
+/// The per-file half of eviction: which chunks take disk, marking, punching.
+impl ViewFile {
+    /// The byte ranges of the file that hold data (`SEEK_DATA`, `SEEK_HOLE`): `(start, end)`.
+    fn data_ranges(&self) -> io::Result<Vec<(u64, u64)>> {
+        use rustix::fs::{seek, SeekFrom};
+        let mut out = Vec::new();
+        let mut at = 0;
+        loop {
+            let start = match seek(&self.file, SeekFrom::Data(at)) {
+                Ok(s) => s,
+                Err(rustix::io::Errno::NXIO) => return Ok(out),
+                Err(e) => return Err(e.into()),
+            };
+            let end = seek(&self.file, SeekFrom::Hole(start))?;
+            out.push((start, end));
+            at = end;
+        }
+    }
+
+    /// Chunks that take disk, last used at or before `before` ([`super::evict::clock`]): the filled
+    /// ones, and those not checked yet that have data on disk (an earlier server's; never used by
+    /// this one). `(last used, chunk, bytes a punch frees)`.
+    pub fn evictable(&self, before: u32) -> Vec<(u32, usize, u64)> {
+        let data = match self.data_ranges() {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::debug!(path = %self.path.display(), error = %e, "SEEK_DATA: unchecked chunks not evicted");
+                Vec::new()
+            }
+        };
+        // Chunks lie in the file in their order, as do the data ranges: one walk over both.
+        let mut next = 0;
+        let mut on_disk = |at: u64, len: u64| {
+            while data.get(next).is_some_and(|&(_, e)| e <= at) {
+                next += 1;
+            }
+            data.get(next).is_some_and(|&(s, _)| s < at + len)
+        };
+        let mut out = Vec::new();
+        for (i, c) in self.blob.toc.chunks.iter().enumerate() {
+            let used = self.used[i].load(Ordering::Relaxed);
+            let (at, len) = (c.block as u64 * BLOCK_SIZE, c.blocks() * BLOCK_SIZE);
+            let takes = match self.chunks[i].load(Ordering::Acquire) {
+                FILLED => true,
+                UNKNOWN => on_disk(at, len),
+                _ => false,
+            };
+            if used <= before && takes {
+                out.push((used, i, len));
+            }
+        }
+        out
+    }
+
+    /// Marks `chunks` for eviction (those still filled, or not checked yet), noting `now`; `watch` is
+    /// called first if
+    /// the file was complete and no longer watched (a read of a chunk punched later must be
+    /// reported). Returns the bytes marked.
+    pub fn mark_evicting(
+        &self,
+        chunks: &[usize],
+        now: Instant,
+        watch: impl FnOnce(&Path) -> io::Result<()>,
+    ) -> io::Result<u64> {
+        let _watch = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        if self.unmarked.load(Ordering::Acquire) {
+            watch(&self.path)?;
+            self.unmarked.store(false, Ordering::Release);
+        }
+        let mut marked = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
+        let mut bytes = 0;
+        for &i in chunks {
+            let Some(c) = self.blob.toc.chunks.get(i) else {
+                continue;
+            };
+            let state = &self.chunks[i];
+            let filled = state
+                .compare_exchange(FILLED, EVICTING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+            let unchecked = !filled
+                && state
+                    .compare_exchange(
+                        UNKNOWN,
+                        EVICTING_UNCHECKED,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_ok();
+            if filled {
+                self.filled.fetch_sub(1, Ordering::AcqRel);
+            }
+            if filled || unchecked {
+                marked.push((i, now));
+                bytes += c.blocks() * BLOCK_SIZE;
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Whether chunk `i` is marked for eviction.
+    fn evicting(&self, i: usize) -> bool {
+        matches!(
+            self.chunks[i].load(Ordering::Acquire),
+            EVICTING | EVICTING_UNCHECKED
+        )
+    }
+
+    /// Bytes of the chunks marked for eviction and not yet punched or taken back.
+    pub fn evicting_bytes(&self) -> u64 {
+        let marked = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
+        marked
+            .iter()
+            .filter(|&&(i, _)| self.evicting(i))
+            .map(|&(i, _)| self.blob.toc.chunks[i].blocks() * BLOCK_SIZE)
+            .sum()
+    }
+
+    /// Punches out the chunks marked [`EVICTING`] at or before `cutoff` and still marked (each a
+    /// hole again, fetched on its next read): `(chunks, bytes)`. A chunk whose punch fails is
+    /// taken back.
+    pub fn punch_evicting(&self, cutoff: Instant) -> (usize, u64) {
+        let due: Vec<usize> = {
+            let mut marked = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
+            let mut due = Vec::new();
+            marked.retain(|&(i, at)| {
+                let still = self.evicting(i);
+                if still && at <= cutoff {
+                    due.push(i);
+                }
+                still && at > cutoff
+            });
+            due
+        };
+        let (mut chunks, mut bytes) = (0, 0);
+        let _punch = self.punch.write().unwrap_or_else(|p| p.into_inner());
+        for i in due {
+            if !self.evicting(i) {
+                continue;
+            }
+            let c = self.blob.toc.chunks[i];
+            let (at, len) = (c.block as u64 * BLOCK_SIZE, c.blocks() * BLOCK_SIZE);
+            let flags =
+                rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+            match self.own(at, len, || {
+                rustix::fs::fallocate(&self.file, flags, at, len)
+            }) {
+                Ok(()) => {
+                    self.chunks[i].store(HOLE, Ordering::Release);
+                    chunks += 1;
+                    bytes += len;
+                }
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), chunk = i, error = %e,
+                        "cannot punch a chunk out of a view file: kept");
+                    if self.chunks[i].swap(UNKNOWN, Ordering::AcqRel) == EVICTING {
+                        self.chunks[i].store(FILLED, Ordering::Release);
+                        self.filled.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
+            }
+        }
+        (chunks, bytes)
+    }
 }
 
 #[cfg(test)]

@@ -595,6 +595,61 @@ fn a_chunk_marked_for_eviction_is_taken_back_when_read_and_punched_out_after_its
 }
 
 #[test]
+fn a_successor_evicts_chunks_it_has_not_checked_and_checks_those_it_takes_back() {
+    let Some((
+        Served {
+            _dir,
+            kit,
+            s,
+            path,
+            views,
+            key,
+            want,
+            blob,
+            h,
+            ..
+        },
+        _,
+    )) = complete()
+    else {
+        return;
+    };
+    s.stop();
+    drop(s);
+    // A new server on the same files knows none of their chunks.
+    let next = Server::new(
+        &views,
+        None,
+        kit.fetcher.clone(),
+        kit.metrics.clone(),
+        Arc::default(),
+    )
+    .expect("successor");
+    next.view(&h).expect("view file again");
+    next.run();
+    let view = next.views.get(&blob).expect("view");
+    assert_eq!(view.kept(), 0, "nothing checked yet");
+    let all: Vec<usize> = view.evictable(evict::clock()).iter().map(|e| e.1).collect();
+    assert_eq!(all, vec![0, 1, 2], "unchecked chunks that take disk");
+    let now = std::time::Instant::now;
+    let mark = |c: &[usize]| {
+        view.mark_evicting(c, now(), |p| next.group.mark(p))
+            .expect("mark")
+    };
+    assert!(mark(&all) > 0);
+    // Read before their punch: taken back and checked, not fetched.
+    let fetched = kit.faults.reads(&key);
+    assert!(cat(&path).stdout == want);
+    assert_eq!(kit.faults.reads(&key), fetched, "checked, not fetched");
+    assert!(view.complete() && view.evicting_bytes() == 0);
+    mark(&[1]);
+    assert_eq!(view.punch_evicting(now()).0, 1);
+    assert!(cat(&path).stdout == want);
+    assert!(kit.faults.reads(&key) > fetched, "refetched");
+    next.stop();
+}
+
+#[test]
 fn an_eviction_pass_brings_allowed_view_files_under_the_bound() {
     let Some(Served {
         _dir,

@@ -49,12 +49,15 @@ use crate::metadir::{trim_lru, Candidate};
 use super::pages::Touched;
 
 /// Chunk states in a view file's bitmap.
-const UNKNOWN: u8 = 0;
-const HOLE: u8 = 1;
-const FILLED: u8 = 2;
+pub(super) const UNKNOWN: u8 = 0;
+pub(super) const HOLE: u8 = 1;
+pub(super) const FILLED: u8 = 2;
 /// Filled, but to be punched out ([`super::evict`]): not counted filled, so its next read goes to a
 /// fill thread, which takes it back ([`ViewFile::rescue`]) — its bytes are still in the file.
-const EVICTING: u8 = 3;
+pub(super) const EVICTING: u8 = 3;
+/// [`EVICTING`] a chunk this server had not checked yet (one an earlier server filled): taken back
+/// as [`UNKNOWN`], to be checked on its use as any such chunk is.
+pub(super) const EVICTING_UNCHECKED: u8 = 4;
 
 /// Why a range could not be filled.
 #[derive(Debug, thiserror::Error)]
@@ -81,14 +84,14 @@ pub struct ViewFile {
     pub blob: Arc<BlobHandle>,
     pub path: PathBuf,
     /// Written (and read by the kernel) through the page cache.
-    file: File,
+    pub(super) file: File,
     /// The same file with direct I/O, for this server's own reads.
     direct: File,
     /// Ranges touched lately, whose pages [`super::pages`] drops.
     pub touched: Touched,
-    chunks: Vec<AtomicU8>,
+    pub(super) chunks: Vec<AtomicU8>,
     /// Chunks in state [`FILLED`].
-    filled: AtomicUsize,
+    pub(super) filled: AtomicUsize,
     /// Set once the file is complete and no longer watched.
     pub unmarked: AtomicBool,
     /// Mounts about to open the file ([`super::Server::mounting`] to [`super::Server::mounted`]): it
@@ -98,12 +101,12 @@ pub struct ViewFile {
     pub watch: Mutex<()>,
     /// When each chunk was last filled or allowed ([`super::evict::clock`]; 0: not since this server
     /// started): eviction takes the least recently used first.
-    used: Vec<AtomicU32>,
+    pub(super) used: Vec<AtomicU32>,
     /// Chunks marked [`EVICTING`], and when.
-    evicting: Mutex<Vec<(usize, Instant)>>,
+    pub(super) evicting: Mutex<Vec<(usize, Instant)>>,
     /// Held shared by whoever writes a chunk's bytes and sets its state to match (and by a rescue),
     /// alone by a punch: no punch can land between a write and the state that says it is there.
-    punch: RwLock<()>,
+    pub(super) punch: RwLock<()>,
     /// The chunk after the last range a reader's miss filled (read-ahead follows sequential misses).
     last: AtomicUsize,
     /// Ranges this server is reading or writing itself: `(offset, len)`.
@@ -394,9 +397,11 @@ impl ViewFile {
         pid: u32,
         cached_only: bool,
     ) -> Result<bool, FillError> {
+        if self.rescue(i) {
+            return Ok(true);
+        }
         match self.chunks[i].load(Ordering::Acquire) {
             FILLED => return Ok(true),
-            EVICTING if self.rescue(i) => return Ok(true),
             UNKNOWN if self.holds(i)? => {
                 self.set_filled(i);
                 return Ok(true);
@@ -462,11 +467,18 @@ impl ViewFile {
         }
     }
 
-    /// Takes back chunk `i` if it is marked [`EVICTING`] (its bytes are still in the file): whether
-    /// it was.
+    /// Takes back chunk `i` if it is marked for eviction (its bytes are still in the file): whether
+    /// it is filled now. One marked [`EVICTING_UNCHECKED`] goes back to [`UNKNOWN`] (`false`).
     fn rescue(&self, i: usize) -> bool {
         let _punch = self.punch.read().unwrap_or_else(|p| p.into_inner());
-        let back = self.chunks[i]
+        let c = &self.chunks[i];
+        let _ = c.compare_exchange(
+            EVICTING_UNCHECKED,
+            UNKNOWN,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        let back = c
             .compare_exchange(EVICTING, FILLED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if back {
@@ -474,106 +486,6 @@ impl ViewFile {
             self.filled.fetch_add(1, Ordering::AcqRel);
         }
         back
-    }
-
-    /// Filled chunks last used at or before `before` ([`super::evict::clock`]): `(last used, chunk,
-    /// bytes a punch frees)`.
-    pub fn evictable(&self, before: u32) -> Vec<(u32, usize, u64)> {
-        let mut out = Vec::new();
-        for (i, c) in self.blob.toc.chunks.iter().enumerate() {
-            let used = self.used[i].load(Ordering::Relaxed);
-            if used <= before && self.chunks[i].load(Ordering::Acquire) == FILLED {
-                out.push((used, i, c.blocks() * BLOCK_SIZE));
-            }
-        }
-        out
-    }
-
-    /// Marks `chunks` [`EVICTING`] (those still filled), noting `now`; `watch` is called first if
-    /// the file was complete and no longer watched (a read of a chunk punched later must be
-    /// reported). Returns the bytes marked.
-    pub fn mark_evicting(
-        &self,
-        chunks: &[usize],
-        now: Instant,
-        watch: impl FnOnce(&Path) -> io::Result<()>,
-    ) -> io::Result<u64> {
-        let _watch = self.watch.lock().unwrap_or_else(|p| p.into_inner());
-        if self.unmarked.load(Ordering::Acquire) {
-            watch(&self.path)?;
-            self.unmarked.store(false, Ordering::Release);
-        }
-        let mut marked = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
-        let mut bytes = 0;
-        for &i in chunks {
-            let Some(c) = self.blob.toc.chunks.get(i) else {
-                continue;
-            };
-            if self.chunks[i]
-                .compare_exchange(FILLED, EVICTING, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                self.filled.fetch_sub(1, Ordering::AcqRel);
-                marked.push((i, now));
-                bytes += c.blocks() * BLOCK_SIZE;
-            }
-        }
-        Ok(bytes)
-    }
-
-    /// Bytes of the chunks marked [`EVICTING`] and not yet punched or taken back.
-    pub fn evicting_bytes(&self) -> u64 {
-        let marked = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
-        marked
-            .iter()
-            .filter(|&&(i, _)| self.chunks[i].load(Ordering::Acquire) == EVICTING)
-            .map(|&(i, _)| self.blob.toc.chunks[i].blocks() * BLOCK_SIZE)
-            .sum()
-    }
-
-    /// Punches out the chunks marked [`EVICTING`] at or before `cutoff` and still marked (each a
-    /// hole again, fetched on its next read): `(chunks, bytes)`. A chunk whose punch fails is
-    /// taken back.
-    pub fn punch_evicting(&self, cutoff: Instant) -> (usize, u64) {
-        let due: Vec<usize> = {
-            let mut marked = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
-            let mut due = Vec::new();
-            marked.retain(|&(i, at)| {
-                let still = self.chunks[i].load(Ordering::Acquire) == EVICTING;
-                if still && at <= cutoff {
-                    due.push(i);
-                }
-                still && at > cutoff
-            });
-            due
-        };
-        let (mut chunks, mut bytes) = (0, 0);
-        let _punch = self.punch.write().unwrap_or_else(|p| p.into_inner());
-        for i in due {
-            if self.chunks[i].load(Ordering::Acquire) != EVICTING {
-                continue;
-            }
-            let c = self.blob.toc.chunks[i];
-            let (at, len) = (c.block as u64 * BLOCK_SIZE, c.blocks() * BLOCK_SIZE);
-            let flags =
-                rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
-            match self.own(at, len, || {
-                rustix::fs::fallocate(&self.file, flags, at, len)
-            }) {
-                Ok(()) => {
-                    self.chunks[i].store(HOLE, Ordering::Release);
-                    chunks += 1;
-                    bytes += len;
-                }
-                Err(e) => {
-                    tracing::warn!(path = %self.path.display(), chunk = i, error = %e,
-                        "cannot punch a chunk out of a view file: kept");
-                    self.chunks[i].store(FILLED, Ordering::Release);
-                    self.filled.fetch_add(1, Ordering::AcqRel);
-                }
-            }
-        }
-        (chunks, bytes)
     }
 
     /// Checks every chunk known to be filled against its digest (read back with direct I/O, one
@@ -642,7 +554,7 @@ impl ViewFile {
     }
 
     /// Runs `f`, an access of this server's own to `len` bytes at `offset`, registered meanwhile.
-    fn own<T>(&self, offset: u64, len: u64, f: impl FnOnce() -> T) -> T {
+    pub(super) fn own<T>(&self, offset: u64, len: u64, f: impl FnOnce() -> T) -> T {
         let (start, end) = (
             offset / direct::ALIGN * direct::ALIGN,
             (offset + len).div_ceil(direct::ALIGN) * direct::ALIGN,
