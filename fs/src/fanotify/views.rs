@@ -670,6 +670,15 @@ impl ChunkHome for ViewFile {
             return Err(io::ErrorKind::InvalidInput.into());
         }
         let at = c.block as u64 * BLOCK_SIZE + offset;
+        // No punch meanwhile: a chunk still filled (or only marked) has its bytes in the file; one
+        // evicted since the caller asked `has` is an error, never zeros.
+        let _punch = self.punch.read().unwrap_or_else(|p| p.into_inner());
+        if !matches!(self.chunks[j].load(Ordering::Acquire), FILLED | EVICTING) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the chunk was evicted from its view file",
+            ));
+        }
         let (data, start) = self.own(at, buf.len() as u64, || {
             direct::read(&self.direct, at, buf.len())
         })?;
