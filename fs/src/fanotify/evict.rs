@@ -74,8 +74,8 @@ pub struct Pass {
 
 /// One pass over `views` (the view files of blobs eviction may touch) against `bound`, the view
 /// files' disk use being `disk` bytes: punches what was marked at least `grace` ago, then marks
-/// the least recently used filled chunks — none used in the last `grace` — until what the files
-/// take less what is marked fits the bound. `watch` watches a complete file again.
+/// the least recently used chunks that take disk — none used in the last `grace` — until what the
+/// files take less what is marked fits the bound. `watch` watches a complete file again.
 pub fn pass(
     views: &[Arc<ViewFile>],
     disk: u64,
@@ -110,7 +110,8 @@ pub fn pass(
     out
 }
 
-/// The least recently used filled chunks of `views`, used at or before `before`, until they make
+/// The least recently used chunks of `views` that take disk ([`ViewFile::evictable`]), used at or
+/// before `before`, until they make
 /// `excess` bytes: grouped by file.
 fn choose(views: &[Arc<ViewFile>], before: u32, excess: u64) -> Vec<(Arc<ViewFile>, Vec<usize>)> {
     let mut all: Vec<(u32, usize, usize, u64)> = Vec::new();
