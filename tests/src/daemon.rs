@@ -155,6 +155,14 @@ impl Daemon {
         }
     }
 
+    /// SIGKILLs the server (not the holder) and waits for the successor the holder starts: its pid.
+    pub fn kill_server(&self) -> u32 {
+        let old = self.server_pid();
+        // SAFETY: killing the server this test's daemon started.
+        unsafe { libc::kill(old as i32, libc::SIGKILL) };
+        self.wait_new_server(old)
+    }
+
     /// SIGKILLs the holder and the server: the node as after a crash (mounts left behind, dead).
     pub fn kill_all(&mut self) {
         let server = self.server_pid();

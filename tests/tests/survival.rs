@@ -86,10 +86,7 @@ fn sandboxes_survive_kill_9_of_the_server_and_an_upgrade() {
     assert_eq!(status["running"], 20, "{status}");
     // The cache and layer metadata were reused: with the store gone, a new successor still serves
     // every file from the cache.
-    let old = d.server_pid();
-    // SAFETY: as above.
-    unsafe { libc::kill(old as i32, libc::SIGKILL) };
-    d.wait_new_server(old);
+    d.kill_server();
     let gone = sdir.path().with_extension("gone");
     std::fs::rename(sdir.path(), &gone).expect("take the store away");
     drop_caches();

@@ -56,6 +56,20 @@ fn evicting(tag: &str, name: &str, seed: u32) -> Evicting {
     }
 }
 
+/// Waits (30 s at most) until [`evicting`]'s daemon has punched chunks out and its view files take at
+/// most the 4 MiB bound and a chunk: its `fanotify` status then.
+fn under_the_bound(d: &Daemon) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let f = json(&d.ok(&["daemon", "status"]))["fanotify"].clone();
+        if f["evicted_bytes"].as_u64() > Some(0) && f["disk_bytes"].as_u64() <= Some(5 << 20) {
+            return f;
+        }
+        assert!(Instant::now() < deadline, "not brought to the bound: {f}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Reads `file` a MiB at a time from MiB `start` on, round and round, `pause` apart, until `until`:
 /// every MiB must be `data`'s (so what was read a few seconds ago is evicted while the reader reads on).
 fn read_by_the_mib(file: &Path, data: &[u8], start: usize, pause: Duration, until: Instant) {
@@ -163,13 +177,7 @@ fn a_mounted_layers_view_file_is_kept_to_the_bound_and_reads_the_same() {
         _sdir,
     } = evicting("ev:v1", "e.bin", 41);
     let fanotify = || json(&d.ok(&["daemon", "status"]))["fanotify"].clone();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut f = fanotify();
-    while !(f["evicted_bytes"].as_u64() > Some(0) && f["disk_bytes"].as_u64() <= Some(5 << 20)) {
-        assert!(Instant::now() < deadline, "not brought to the bound: {f}");
-        std::thread::sleep(Duration::from_millis(200));
-        f = fanotify();
-    }
+    let f = under_the_bound(&d);
     // The layer stayed mounted all along; its evicted chunks come back from the store. Two
     // readers go through it a MiB at a time, slowly, over and over, the page cache dropped
     // meanwhile, so that what they read a few seconds ago is marked and punched out while they
@@ -217,30 +225,12 @@ fn a_successor_evicts_only_from_layers_mounted_with_their_view_files_watched() {
     let marker = Path::new(&layer).with_extension("watched");
     assert!(marker.exists(), "no marker beside {layer}");
     // A successor of a server killed: the layer was mounted with its files watched, so it evicts.
-    let successor = |old: u32| {
-        let _ = std::process::Command::new("kill")
-            .args(["-9", &old.to_string()])
-            .status();
-        d.wait_new_server(old)
-    };
-    let first = successor(d.server_pid());
+    d.kill_server();
     assert!(std::fs::read(&file).expect("read") == data);
-    let brought_down = || {
-        let f = &status()["fanotify"];
-        f["evicted_bytes"].as_u64() > Some(0) && f["disk_bytes"].as_u64() <= Some(5 << 20)
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !brought_down() {
-        assert!(
-            Instant::now() < deadline,
-            "not evicting: {}",
-            status()["fanotify"]
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    under_the_bound(&d);
     // Without the marker (a mount an older stratad made), the next successor leaves it alone.
     std::fs::remove_file(&marker).expect("remove the marker");
-    successor(first);
+    d.kill_server();
     strata_tests::readers::drop_caches();
     assert!(std::fs::read(&file).expect("read again") == data);
     std::thread::sleep(Duration::from_secs(4));
@@ -276,11 +266,7 @@ fn readers_lose_nothing_when_servers_evicting_under_them_are_killed() {
             let status = json(&d.ok(&["daemon", "status"]));
             evicted += status["fanotify"]["evicted_chunks"].as_u64().unwrap_or(0);
             strata_tests::readers::drop_caches();
-            let old = status["pid"].as_u64().expect("pid") as u32;
-            let _ = std::process::Command::new("kill")
-                .args(["-9", &old.to_string()])
-                .status();
-            d.wait_new_server(old);
+            d.kill_server();
             kills += 1;
         }
     });

@@ -470,8 +470,14 @@ impl ViewFile {
     /// Takes back chunk `i` if it is marked for eviction (its bytes are still in the file): whether
     /// it is filled now. One marked [`EVICTING_UNCHECKED`] goes back to [`UNKNOWN`] (`false`).
     fn rescue(&self, i: usize) -> bool {
-        let _punch = self.punch.read().unwrap_or_else(|p| p.into_inner());
         let c = &self.chunks[i];
+        // Every fill and every fetched chunk's `take` asks: the lock only for a marked chunk (only a
+        // pass marks, and a punch needs the lock alone, so this state cannot become marked-and-punched
+        // between the look and the lock).
+        if !matches!(c.load(Ordering::Acquire), EVICTING | EVICTING_UNCHECKED) {
+            return false;
+        }
+        let _punch = self.punch.read().unwrap_or_else(|p| p.into_inner());
         let _ = c.compare_exchange(
             EVICTING_UNCHECKED,
             UNKNOWN,
