@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use strata_tests::smallfs::small_ext4;
+use strata_tests::smallfs::{fill_up, small_ext4, view_files, Umount};
 use strata_tests::*;
 
 /// Builds each `(tag, name, data)` as an image of one file, `data/<name>`, and nothing else (not
@@ -91,6 +91,16 @@ fn read_by_the_mib(file: &Path, data: &[u8], start: usize, pause: Duration, unti
     }
 }
 
+/// A state directory whose `views` is an ext4 filesystem of `bytes` of its own: the directory, the
+/// views path and the mount's guard (drop it after the daemon).
+fn small_views(bytes: u64) -> (tempfile::TempDir, PathBuf, Umount) {
+    let state = scratch("state");
+    let views = state.path().join("views");
+    std::fs::create_dir_all(&views).expect("mkdir");
+    let small = small_ext4(&views, bytes);
+    (state, views, small)
+}
+
 #[test]
 fn view_files_of_released_layers_are_trimmed_never_a_mounted_layers() {
     if !have(&[Need::PreContent]) {
@@ -103,7 +113,7 @@ fn view_files_of_released_layers_are_trimmed_never_a_mounted_layers() {
     // A bound far below what the two layers read: only files no mounted layer reads may go.
     let d = Daemon::start(&store, &["--mount-mode", "fanotify", "--cache-size", "1M"]);
     let views = d.state.path().join("views");
-    let count = || std::fs::read_dir(&views).expect("views dir").count();
+    let count = || view_files(&views);
     let read = |root: &str, f: &str| std::fs::read(Path::new(root).join("data").join(f));
     let ra = d.ok(&["mount", "va:v1", "--sandbox", "a"]);
     let rb = d.ok(&["mount", "vb:v1", "--sandbox", "b"]);
@@ -138,19 +148,24 @@ fn a_full_view_disk_deletes_view_files_no_layer_reads_and_the_read_goes_on() {
     let (a, b) = (random_bytes(5 << 20, 31), random_bytes(5 << 20, 32));
     one_file_images(&store, &[("fa:v1", "a.bin", &a), ("fb:v1", "b.bin", &b)]);
     // The view files on 8 MiB: room for one layer's 5 MiB, not for two.
-    let state = scratch("state");
-    let views = state.path().join("views");
-    std::fs::create_dir_all(&views).expect("mkdir");
-    let small = small_ext4(&views, 8 << 20);
-    // The default `cache_size` keeps a released layer's view file.
-    let mut d = Daemon::start_in(&store, state, &["--mount-mode", "fanotify"]);
-    let count = || std::fs::read_dir(&views).expect("views dir").count();
+    let (state, views, small) = small_views(8 << 20);
+    // The default `cache_size` keeps a released layer's view file; no free share kept and no
+    // reserve, so that only a fill finding the disk full can delete it.
+    let args = [
+        "--mount-mode",
+        "fanotify",
+        "--view-keep-free",
+        "0",
+        "--view-reserve",
+        "0",
+    ];
+    let mut d = Daemon::start_in(&store, state, &args);
+    let count = || view_files(&views);
     let read = |root: &str, f: &str| std::fs::read(Path::new(root).join("data").join(f));
     let ra = d.ok(&["mount", "fa:v1", "--sandbox", "a"]);
     assert!(read(&ra, "a.bin").expect("read a") == a);
     d.ok(&["umount", "--sandbox", "a", "--purge"]);
-    // `lost+found` and the released layer's view file.
-    assert_eq!(count(), 2, "a released layer's view file is kept");
+    assert_eq!(count(), 1, "a released layer's view file is kept");
     let rb = d.ok(&["mount", "fb:v1", "--sandbox", "b"]);
     assert!(
         read(&rb, "b.bin").expect("read with the view files' disk full") == b,
@@ -159,7 +174,115 @@ fn a_full_view_disk_deletes_view_files_no_layer_reads_and_the_read_goes_on() {
     let status = json(&d.ok(&["daemon", "status"]));
     let relieved = status["fanotify"]["relieved"].as_u64().unwrap_or(0);
     assert!(relieved >= 1, "no fill tried again: {}", status["fanotify"]);
-    assert_eq!(count(), 2, "only the mounted layer's view file is left");
+    assert_eq!(count(), 1, "only the mounted layer's view file is left");
+    d.stop();
+    drop(small);
+}
+
+/// The `fanotify` status of `d` once `ok` holds of it (30 s at most).
+fn fanotify_once(
+    d: &Daemon,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let f = json(&d.ok(&["daemon", "status"]))["fanotify"].clone();
+        if ok(&f) {
+            return f;
+        }
+        assert!(Instant::now() < deadline, "{what}: {f}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_disk_filled_by_others_gets_the_reserve_then_a_clear_error_never_zeros() {
+    if !have(&[Need::PreContent]) {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let (a, b) = (random_bytes(2 << 20, 51), random_bytes(8 << 20, 52));
+    one_file_images(&store, &[("ra:v1", "a.bin", &a), ("rb:v1", "b.bin", &b)]);
+    let (state, views, small) = small_views(64 << 20);
+    // A grace longer than the test: nothing is evicted, only the reserve can make room.
+    let args = [
+        "--mount-mode",
+        "fanotify",
+        "--view-reserve",
+        "4M",
+        "--view-evict-grace",
+        "600",
+    ];
+    let mut d = Daemon::start_in(&store, state, &args);
+    let room = |d: &Daemon| json(&d.ok(&["daemon", "status"]))["fanotify"]["room"].clone();
+    // 4 MiB, or 1/16 of what the filesystem gives (3.7 MiB of the 64).
+    let reserve = room(&d)["reserve_bytes"].as_u64().unwrap_or(0);
+    assert!((3 << 20..=4 << 20).contains(&reserve), "{}", room(&d));
+    // Another writer takes the whole disk; a sandbox then reads a file no view file holds yet.
+    let ballast = fill_up(&views, "other-data");
+    let ra = d.ok(&["mount", "ra:v1", "--sandbox", "a"]);
+    let read = |root: &str, f: &str| std::fs::read(Path::new(root).join("data").join(f));
+    assert!(
+        read(&ra, "a.bin").expect("read on a full disk") == a,
+        "the reserve made room"
+    );
+    let r = room(&d);
+    assert_eq!(r["reserve_released"].as_u64(), Some(1), "{r}");
+    assert_eq!(r["reserve_bytes"].as_u64(), Some(0), "{r}");
+    // With nothing left to free, a read of data not cached fails, saying so: EIO, never zeros.
+    let rb = d.ok(&["mount", "rb:v1", "--sandbox", "b"]);
+    let e = read(&rb, "b.bin").expect_err("8 MiB read into 2 MiB of room");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let denied = json(&d.ok(&["daemon", "status"]))["fanotify"]["denied"].as_u64();
+    assert!(denied > Some(0), "no read denied");
+    // The other writer gone, the reserve comes back (a pass every 5 s), and the read goes through.
+    std::fs::remove_file(&ballast).expect("rm ballast");
+    fanotify_once(&d, "reserve not allocated again", |f| {
+        f["room"]["reserve_bytes"].as_u64() == Some(reserve)
+    });
+    assert!(read(&rb, "b.bin").expect("read with room") == b);
+    d.stop();
+    drop(small);
+}
+
+#[test]
+fn view_files_under_mounted_layers_give_way_when_other_data_fills_their_disk() {
+    if !have(&[Need::PreContent]) {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    let data = random_bytes(16 << 20, 61);
+    one_file_images(&store, &[("kf:v1", "k.bin", &data)]);
+    let (state, views, small) = small_views(64 << 20);
+    // `cache_size` far above the disk: only the free share (10 %, 6.4 MiB) bounds the view files.
+    let args = [
+        "--mount-mode",
+        "fanotify",
+        "--view-keep-free",
+        "10",
+        "--view-evict-grace",
+        "1",
+    ];
+    let mut d = Daemon::start_in(&store, state, &args);
+    let root = d.ok(&["mount", "kf:v1", "--sandbox", "k"]);
+    let file = Path::new(&root).join("data/k.bin");
+    assert!(std::fs::read(&file).expect("first read") == data);
+    // Another writer takes the whole disk: the mounted layer's view file gives chunks up (those
+    // not read in the last grace) until the free share is back.
+    fill_up(&views, "other-data");
+    let f = fanotify_once(&d, "the free share not kept", |f| {
+        f["evicted_bytes"].as_u64() > Some(0)
+            && f["room"]["disk_avail_bytes"].as_u64() >= f["room"]["keep_free_bytes"].as_u64()
+    });
+    eprintln!("after the disk filled: {f}");
+    // The layer reads the same: evicted chunks come back from the store, into the kept share.
+    strata_tests::readers::drop_caches();
+    assert!(std::fs::read(&file).expect("read again") == data);
+    let scrub = json(&d.ok(&["daemon", "scrub", "--json"]));
+    assert_eq!(scrub["bad"].as_u64(), Some(0), "{scrub}");
     d.stop();
     drop(small);
 }

@@ -113,6 +113,14 @@ struct Args {
     /// [default: 30].
     #[arg(long, value_name = "SECS")]
     view_evict_grace: Option<f64>,
+    /// fanotify mode: the view files' reserve, given up to reads that find their disk full, e.g. 256M;
+    /// 0: none [default: 256M, at most 1/16 of the disk].
+    #[arg(long, value_name = "SIZE")]
+    view_reserve: Option<String>,
+    /// fanotify mode: the share of the view files' disk, in percent, eviction keeps free when other
+    /// data grows; 0: cache_size alone bounds them [default: 5].
+    #[arg(long, value_name = "PERCENT")]
+    view_keep_free: Option<f64>,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -208,6 +216,12 @@ fn load(args: &Args) -> Result<Config> {
     }
     if let Some(t) = args.view_evict_grace {
         c.view_evict_grace_secs = t;
+    }
+    if let Some(s) = &args.view_reserve {
+        c.view_reserve_bytes = parse_size(s)?;
+    }
+    if let Some(p) = args.view_keep_free {
+        c.view_keep_free_percent = p;
     }
     if let Some(t) = args.record_plans {
         c.record_plans_secs = t;

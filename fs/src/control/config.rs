@@ -72,6 +72,12 @@ pub struct Config {
     /// `fanotify` mode: how long a view file's chunk marked for eviction waits before it is punched
     /// out (reads allowed before the mark have had this long to read it; see `fanotify::evict`).
     pub view_evict_grace_secs: f64,
+    /// `fanotify` mode: the view files' reserve, given up to fills that find their disk full (at most
+    /// 1/16 of the disk; 0: none; see `fanotify::room`).
+    pub view_reserve_bytes: u64,
+    /// `fanotify` mode: the share of the view files' disk, in percent, that eviction keeps free of
+    /// them when other data grows (0: bounded by `cache_size` alone).
+    pub view_keep_free_percent: f64,
 }
 
 impl Default for Config {
@@ -98,6 +104,8 @@ impl Default for Config {
             loop_direct_io: true,
             scrub_interval_secs: 86_400.0,
             view_evict_grace_secs: 30.0,
+            view_reserve_bytes: crate::fanotify::room::RESERVE,
+            view_keep_free_percent: crate::fanotify::room::KEEP_FREE_PERCENT,
         }
     }
 }

@@ -8,7 +8,7 @@
 //!
 //! | directory | mode without a group | with `group` |
 //! |---|---|---|
-//! | `state_dir/cache`, `state_dir/layers`, `state_dir/sandboxes` | 0700 | 0700 (the group never needs them) |
+//! | `state_dir/cache`, `state_dir/views` (`fanotify` mode), `state_dir/layers`, `state_dir/sandboxes` | 0700 | 0700 (the group never needs them) |
 //! | `state_dir/node` and everything in it (sandbox records hold image configs, whose env may carry secrets; layer descriptors; tables of contents) | 0700, files 0600 | 0700, files 0600 |
 //! | `state_dir/stratad.lock` (the pid of the node's holder) | 0600 | 0600 |
 //! | `runtime_dir` (the control socket, the blob server's mount) | 0700 | 0750, that gid |
@@ -41,6 +41,7 @@ pub fn secure(config: &Config) -> Result<(), DaemonError> {
     let (state, run) = (&config.state_dir, &config.runtime_dir);
     let dirs = [
         (state.join("cache"), 0o700, None),
+        (state.join("views"), 0o700, None),
         (state.join("layers"), 0o700, None),
         (state.join("sandboxes"), 0o700, None),
         (state.join("vms"), shared, group),

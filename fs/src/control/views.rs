@@ -159,23 +159,15 @@ impl Daemon {
 
     /// Opens every served blob's view file, then starts reading events (`fanotify` mode). A fill
     /// that finds the view files' disk full gets the files no mounted layer reads deleted, whatever
-    /// `cache_size` allows them, and tries once more (a read denied is worse than a refetch later).
+    /// `cache_size` allows them, or else the reserve given up, and tries once more (a read denied is
+    /// worse than a refetch later; [`fanotify::room`]).
     pub(crate) fn serve_views(self: &Arc<Self>) {
         let Some(server) = &self.views else { return };
+        self.restore_reserve();
         let node = Arc::downgrade(self);
-        server.on_full(Box::new(move || {
-            let Some(d) = node.upgrade() else {
-                return false;
-            };
-            let (files, bytes) = d.trim_views_to(0);
-            if files > 0 {
-                tracing::warn!(
-                    files,
-                    bytes,
-                    "the view files' disk is full: view files no mounted layer reads deleted"
-                );
-            }
-            files > 0
+        server.on_full(Box::new(move || match node.upgrade() {
+            Some(d) => d.make_room(),
+            None => false,
         }));
         for blob in self.table.all() {
             if let Err(e) = server.view(&blob) {
@@ -188,6 +180,46 @@ impl Daemon {
 }
 
 impl Daemon {
+    /// Frees room for a fill that found the view files' disk full: whether any was freed.
+    fn make_room(&self) -> bool {
+        let (files, bytes) = self.trim_views_to(0);
+        if files > 0 {
+            tracing::warn!(
+                files,
+                bytes,
+                "the view files' disk is full: view files no mounted layer reads deleted"
+            );
+            return true;
+        }
+        let freed = self.room.as_ref().map_or(0, |r| r.release());
+        if freed > 0 {
+            tracing::warn!(
+                bytes = freed,
+                "the view files' disk is full: their reserve given up to reads while eviction makes room"
+            );
+        } else {
+            tracing::error!(
+                "the view files' disk is full and nothing is left to free: reads of chunks not cached fail (EIO)"
+            );
+        }
+        freed > 0
+    }
+
+    /// Allocates the view files' reserve again if the disk has room for it.
+    fn restore_reserve(&self) {
+        let Some(room) = &self.room else { return };
+        let before = room.held();
+        match room.restore() {
+            Ok(held) if held > before && before == 0 => {
+                tracing::info!(bytes = held, path = %room.path().display(), "view files' reserve allocated")
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(path = %room.path().display(), error = %e, "view files' reserve not allocated")
+            }
+        }
+    }
+
     /// Keeps the view files within `cache_size` while their layers stay mounted (`fanotify` mode),
     /// a pass every quarter of `view_evict_grace_secs` (250 ms to 5 s) while this process serves
     /// the node: over the bound, files no mounted layer reads are trimmed first, then chunks of
@@ -218,12 +250,20 @@ impl Daemon {
         }
     }
 
-    /// One pass of [`Daemon::start_evicting`].
+    /// One pass of [`Daemon::start_evicting`]: the bound is `cache_size`, or less where the disk's
+    /// free share must be kept ([`fanotify::room::Room::bound`]).
     fn bound_views(&self, grace: std::time::Duration) {
         let Some(server) = &self.views else { return };
-        let bound = self.config.cache_size;
-        if server.views.disk_bytes() > bound {
-            self.trim_views();
+        let disk = server.views.disk_bytes();
+        let bound = match &self.room {
+            Some(room) => room.bound(self.config.cache_size, disk),
+            None => self.config.cache_size,
+        };
+        if disk > bound {
+            let (files, bytes) = self.trim_views_to(bound);
+            if files > 0 {
+                tracing::info!(files, bytes, bound, "view files trimmed to their bound");
+            }
         }
         let allowed = {
             let st = self.lock();
@@ -236,9 +276,11 @@ impl Daemon {
                 punched_chunks = p.punched.0,
                 punched_bytes = p.punched.1,
                 marked_bytes = p.marked,
-                "view files kept to the cache's bound: chunks of mounted layers evicted"
+                bound,
+                "view files kept to their bound: chunks of mounted layers evicted"
             );
         }
+        self.restore_reserve();
     }
 
     /// Scrubs the node's cached data every `scrub_interval_secs` while this process serves the node

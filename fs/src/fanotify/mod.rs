@@ -43,20 +43,21 @@
 pub mod area;
 pub mod evict;
 pub mod pages;
+pub mod pool;
+pub mod room;
 pub mod sys;
 pub mod views;
 
 use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use strata_registry::digest::Digest;
 
 use crate::blobfs::BlobTable;
-use crate::fetch::{BlobHandle, Fetcher};
+use crate::fetch::{BlobHandle, FetchError, Fetcher};
 use crate::fuse::journal::{Journal, Leftover};
 use crate::metrics::Metrics;
 use area::EventArea;
@@ -69,8 +70,11 @@ pub const GROUP: &str = "fanotify-group";
 pub const JOURNAL: &str = "fanotify-journal";
 /// Slots in the event journal: more than the fill workers ever have in flight.
 const JOURNAL_SLOTS: usize = 1024;
-/// Threads filling ranges (each waits on fetches; a local store keeps few busy).
+/// Threads filling ranges, kept (each waits on fetches; a local store keeps few busy).
 const WORKERS: usize = 16;
+/// Threads filling ranges at most: more are started while all are busy ([`pool`]), up to half what
+/// the journal records.
+const MAX_WORKERS: usize = JOURNAL_SLOTS / 2;
 /// Chunks filled ahead of a sequential reader's miss (the blob server's read-ahead, `fetch::READ_AHEAD`).
 const READ_AHEAD: usize = crate::fetch::READ_AHEAD;
 /// How often the event loop looks at its stop flag.
@@ -302,28 +306,14 @@ impl Server {
     /// before: events for files the server does not know are denied.
     pub fn run(&self) {
         let leftovers = self.leftover_jobs();
-        let (tx, rx) = mpsc::channel::<Work>();
-        let rx = Arc::new(Mutex::new(rx));
+        let ctx = self.context();
+        let pool = pool::Pool::new("fan-fill", WORKERS, MAX_WORKERS, move |w| match w {
+            Work::Event(job) => ctx.finish(job),
+            Work::Adopted(a) => ctx.adopt(a),
+        });
         let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
-        for i in 0..WORKERS {
-            let (rx, ctx) = (rx.clone(), self.context());
-            let t = std::thread::Builder::new()
-                .name(format!("fan-fill-{i}"))
-                .spawn(move || loop {
-                    let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                    match job {
-                        Ok(Work::Event(job)) => ctx.finish(job),
-                        Ok(Work::Adopted(a)) => ctx.adopt(a),
-                        Err(_) => break,
-                    }
-                });
-            match t {
-                Ok(t) => threads.push(t),
-                Err(e) => tracing::error!(error = %e, "cannot start a fill thread"),
-            }
-        }
         for a in leftovers {
-            if let Err(mpsc::SendError(Work::Adopted(a))) = tx.send(Work::Adopted(a)) {
+            if let Err(Work::Adopted(a)) = pool.send(Work::Adopted(a)) {
                 self.context().adopt(a);
             }
         }
@@ -342,7 +332,7 @@ impl Server {
         let views = self.views.clone();
         match std::thread::Builder::new()
             .name("fan-events".into())
-            .spawn(move || event_loop(&ctx, &views, &stop, &tx))
+            .spawn(move || event_loop(&ctx, &views, &stop, &pool))
         {
             Ok(t) => threads.push(t),
             Err(e) => tracing::error!(error = %e, "cannot start the fanotify event loop"),
@@ -532,6 +522,12 @@ impl Context {
     /// full gets one more try if the daemon could free room ([`Server::on_full`]).
     fn fill(&self, view: &ViewFile, offset: u64, count: u64, pid: u32) -> Answer {
         let range = view.chunks_in(offset, count);
+        if view.failing(&range) {
+            self.stats.denied.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(blob = %view.blob.blob.digest, offset, count,
+                "read denied: a fetch of its blob missed the deadline just now");
+            return Answer::Deny(libc::EIO);
+        }
         let mut filled = view.fill(&self.fetcher, range.clone(), pid);
         if filled.as_ref().is_err_and(FillError::is_full) && self.relief.get().is_some_and(|r| r())
         {
@@ -541,6 +537,9 @@ impl Context {
         match filled {
             Ok(()) => Answer::Allow,
             Err(e) => {
+                if matches!(e, FillError::Fetch(FetchError::Timeout { .. })) {
+                    view.timed_out();
+                }
                 self.stats.denied.fetch_add(1, Ordering::Relaxed);
                 self.metrics.error(match &e {
                     FillError::Fetch(f) => f.kind(),
@@ -651,7 +650,7 @@ fn read_batch(
     sys::parse(&buf[..n]).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
-fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender<Work>) {
+fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, pool: &pool::Pool<Work>) {
     let me = std::process::id();
     let area = EventArea::of(&ctx.journal);
     if area.is_none() {
@@ -727,8 +726,10 @@ fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, tx: &mpsc::Sender
                 pid: ev.pid,
                 slot,
             };
-            if let Err(mpsc::SendError(Work::Event(job))) = tx.send(Work::Event(job)) {
-                ctx.finish(job);
+            match pool.send(Work::Event(job)) {
+                Err(Work::Event(job)) => ctx.finish(job),
+                Err(Work::Adopted(a)) => ctx.adopt(a),
+                Ok(()) => {}
             }
         }
     }
