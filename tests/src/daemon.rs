@@ -281,6 +281,27 @@ pub fn test_mount_mode() -> Option<String> {
         .filter(|m| !m.is_empty())
 }
 
+/// The mount mode a test's daemon runs in when started without `--mount-mode`: the one
+/// `STRATA_TEST_MOUNT_MODE` forces, else the one `auto` takes on this machine (`stratad --check`,
+/// asked once).
+pub fn effective_mount_mode() -> String {
+    static HERE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(m) = test_mount_mode().filter(|m| m != "auto") {
+        return m;
+    }
+    HERE.get_or_init(|| {
+        let state = tempfile::tempdir().expect("a state directory for the probe");
+        let o = Command::new(crate::stratad_bin())
+            .args(["--config", "/dev/null", "--check", "--json", "--state-dir"])
+            .arg(state.path())
+            .output()
+            .expect("stratad --check");
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        r["mode"].as_str().unwrap_or("none").to_string()
+    })
+    .clone()
+}
+
 /// What a node holds of fetched data, from `GET /v1/status`: `(chunks, bytes)` in the chunk cache plus
 /// (`fanotify` mode, where the view files are the blobs' cache) the chunks filled in view files and
 /// the disk space the view files take. A server that starts on an earlier one's view files counts

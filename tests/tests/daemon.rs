@@ -422,7 +422,7 @@ fn reads_go_on_when_the_cache_disk_is_full() {
     // The chunk cache on a 512 KiB filesystem: most chunks cannot be cached. In `fanotify` mode the
     // view files are the blobs' cache (and the kernel reads them): they get a small filesystem, an
     // ext4 one (tmpfs refuses pre-content marks).
-    let fanotify = test_mount_mode().as_deref() == Some("fanotify");
+    let fanotify = strata_tests::effective_mount_mode() == "fanotify";
     let state = scratch("state");
     let cache = state.path().join(if fanotify { "views" } else { "cache" });
     std::fs::create_dir_all(&cache).expect("mkdir");

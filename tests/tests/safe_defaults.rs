@@ -40,7 +40,12 @@ fn image_data_is_unreadable_for_other_users() {
         std::fs::set_permissions(d.state.path(), std::fs::Permissions::from_mode(0o755))
             .expect("chmod");
         let state = d.state.path();
+        // The chunk cache, and in `fanotify` mode the view files (the blobs' cache there).
         let mut secret = files_below(&state.join("cache"));
+        let views = state.join("views");
+        if views.exists() {
+            secret.extend(files_below(&views));
+        }
         secret.extend(files_below(&state.join("layers")));
         secret.push(state.join("sandboxes/p1/upper/root/secret"));
         if group.is_none() {
@@ -60,7 +65,10 @@ fn image_data_is_unreadable_for_other_users() {
             state.join("cache"),
             state.join("layers"),
             state.join("sandboxes"),
-        ] {
+        ]
+        .into_iter()
+        .chain(Some(state.join("views")).filter(|v| v.exists()))
+        {
             let path = dir.to_str().expect("utf8");
             assert!(!as_nobody(&["ls", path]), "nobody listed {path}");
         }
@@ -133,7 +141,14 @@ fn a_byte_flipped_in_a_cached_chunk_is_never_served() {
     let data = random_bytes(6 << 20, 11);
     build_image(&store, "flip:v1", &[("x.bin", data.clone())]);
     // A 16 MiB cache keeps at most 1 MiB of verified chunks in memory: the rest is read from disk.
-    let d = Daemon::start(&store, &["--cache-size", "16M"]);
+    // The chunk cache's modes (`file`, `loop`, `fuse`) check every chunk they read back; `fanotify`
+    // mode's view files are read by the kernel unchecked, protected at rest by their modes and checked
+    // by the scrub (tests/tests/view_files.rs, fs/src/fanotify/tests.rs).
+    let mode = match strata_tests::effective_mount_mode().as_str() {
+        "fanotify" => "file".to_string(),
+        m => m.to_string(),
+    };
+    let d = Daemon::start(&store, &["--cache-size", "16M", "--mount-mode", &mode]);
     let rootfs = PathBuf::from(d.ok(&["mount", "flip:v1", "--sandbox", "f1"]));
     let path = rootfs.join("data/x.bin");
     assert_eq!(std::fs::read(&path).expect("first read"), data);

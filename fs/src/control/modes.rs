@@ -7,11 +7,11 @@
 //! | `fuse` | FUSE | stratad serves the layer's whole tree from its metadata (`crate::treefs`) |
 //! | `fanotify` | file-backed EROFS, fanotify pre-content events (6.14+) | EROFS mounted on its metadata file, one `device=` per blob's local view file, filled on the kernel's pre-content events ([`crate::fanotify`]) |
 //!
-//! `auto` (the default) probes at start what this kernel can do and takes the first of `file`, `loop`,
-//! `fuse` that works (`fanotify` only when asked for: its cached reads are the kernel's speed, but a
-//! never-seen image starts 10–18 % slower than in `file` mode and a full view-file disk fails reads —
-//! BENCHMARKS.md, seventh session); the report says, for each better mode, why not (the missing
-//! kernel option or the errno a call answered). The probe is real and takes milliseconds: it writes a one-block EROFS image
+//! `auto` (the default) probes at start what this kernel can do and takes the first of `fanotify`,
+//! `file`, `loop`, `fuse` that works (`fanotify` first: one copy of each byte in memory, cached reads
+//! at the kernel's speed, never-seen images as fast as `file` — BENCHMARKS.md, twentieth session); the
+//! report says, for each better mode, why not (the missing kernel option or the errno a call
+//! answered). The probe is real and takes milliseconds: it writes a one-block EROFS image
 //! with one device slot ([`probe_image`]) to the state directory, mounts it file-backed with itself as
 //! its device, then on two loop devices of itself as source and device — each mount made and dropped
 //! without being attached anywhere — and checks `/dev/fuse`, `/proc/filesystems` and
@@ -36,8 +36,13 @@ pub enum MountMode {
 }
 
 impl MountMode {
-    /// The modes `auto` tries, the fastest first (`fanotify` is taken only when asked for).
-    pub const BEST_FIRST: [MountMode; 3] = [MountMode::File, MountMode::Loop, MountMode::Fuse];
+    /// The modes `auto` tries, the best first.
+    pub const BEST_FIRST: [MountMode; 4] = [
+        MountMode::Fanotify,
+        MountMode::File,
+        MountMode::Loop,
+        MountMode::Fuse,
+    ];
 
     /// Whether this stratad can mount layers this way.
     pub fn built(self) -> bool {
@@ -191,11 +196,7 @@ pub fn why_not(caps: &Capabilities, mode: MountMode) -> Lack {
 pub fn decide(caps: &Capabilities, requested: ModeRequest) -> ModeReport {
     let mut passed_over = Vec::new();
     let mut mode = None;
-    let order: &[MountMode] = match requested.forced() {
-        Some(MountMode::Fanotify) => &[MountMode::Fanotify],
-        _ => &MountMode::BEST_FIRST,
-    };
-    for &m in order {
+    for m in MountMode::BEST_FIRST {
         let reason = match (requested.forced(), why_not(caps, m)) {
             (Some(f), None) if f != m => Some(format!("mount_mode is {f}")),
             (_, r) => r,
@@ -518,20 +519,32 @@ mod tests {
 
     #[test]
     fn auto_takes_the_fastest_mode_that_works_and_says_why_not_the_better_ones() {
-        // 6.12+: file.
+        // 6.14+: fanotify.
         let r = decide(&caps(true, true, true), ModeRequest::Auto);
-        assert_eq!((r.mode, modes(&r)), (Some(MountMode::File), vec![]));
+        assert_eq!((r.mode, modes(&r)), (Some(MountMode::Fanotify), vec![]));
+        // 6.12 and 6.13, or a state directory on tmpfs: file.
+        let c = Capabilities {
+            pre_content: Some("no pre-content events".into()),
+            ..caps(true, true, true)
+        };
+        let r = decide(&c, ModeRequest::Auto);
+        assert_eq!(r.mode, Some(MountMode::File));
+        assert_eq!(modes(&r), [MountMode::Fanotify]);
+        assert_eq!(r.passed_over[0].reason, "no pre-content events");
         // 6.1 (Debian 12, AL2023): loop, because file-backed mounts are missing.
         let r = decide(&caps(false, true, true), ModeRequest::Auto);
         assert_eq!(r.mode, Some(MountMode::Loop));
-        assert_eq!(modes(&r), [MountMode::File]);
-        assert!(r.passed_over[0].reason.contains("ENOTBLK"));
+        assert_eq!(modes(&r), [MountMode::Fanotify, MountMode::File]);
+        assert!(r.passed_over[1].reason.contains("ENOTBLK"));
         // Neither (5.15, or no loop devices in a container): fuse, saying why not the others.
         let r = decide(&caps(false, false, true), ModeRequest::Auto);
         assert_eq!(r.mode, Some(MountMode::Fuse));
-        assert_eq!(modes(&r), [MountMode::File, MountMode::Loop]);
+        assert_eq!(
+            modes(&r),
+            [MountMode::Fanotify, MountMode::File, MountMode::Loop]
+        );
         assert!(
-            r.passed_over[1].reason.contains("no /dev/loop-control"),
+            r.passed_over[2].reason.contains("no /dev/loop-control"),
             "{r:?}"
         );
         // No FUSE: nothing at all works, and every mode says so.
@@ -547,6 +560,7 @@ mod tests {
     fn a_forced_mode_is_taken_if_it_works_and_refused_naming_why_if_not() {
         let r = decide(&caps(true, true, true), ModeRequest::Loop);
         assert_eq!(r.mode, Some(MountMode::Loop));
+        assert_eq!(modes(&r), [MountMode::Fanotify, MountMode::File]);
         assert_eq!(r.passed_over[0].reason, "mount_mode is loop");
         let r = decide(&caps(false, true, true), ModeRequest::File);
         assert_eq!(r.mode, None);
@@ -558,7 +572,7 @@ mod tests {
         // Fuse forced: taken wherever FUSE is, the kernel modes passed over as forced.
         let r = decide(&caps(true, true, true), ModeRequest::Fuse);
         assert_eq!(r.mode, Some(MountMode::Fuse));
-        // Fanotify: only when asked for, and only where pre-content events are.
+        // Fanotify forced: only where pre-content events are.
         let r = decide(&caps(true, true, true), ModeRequest::Fanotify);
         assert_eq!((r.mode, modes(&r)), (Some(MountMode::Fanotify), vec![]));
         let r = decide(&caps(false, true, true), ModeRequest::Fanotify);

@@ -248,6 +248,10 @@ pub fn probe(file: &Path) -> Option<String> {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Some(format!(
             "fanotify refuses FAN_PRE_ACCESS marks (Linux < 6.14): {e}"
         )),
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Some(format!(
+            "{}'s filesystem has no pre-content events (ext4, xfs and btrfs have; tmpfs has not): {e}",
+            file.parent().unwrap_or(file).display()
+        )),
         Err(e) => Some(format!("fanotify_mark FAN_PRE_ACCESS: {e}")),
     }
 }
