@@ -19,7 +19,9 @@
 //! kernel's speed.
 //!
 //! **No read sees a hole.** An event is allowed only after every chunk it covers was written and
-//! verified; a fetch that fails or misses the read deadline denies the read with `EIO`. The server's
+//! verified; a fetch that fails or misses the read deadline denies the read with `EIO` — and a fill
+//! blocked in its store past the deadline has its read denied by a reaper meanwhile ([`deadline`]);
+//! fill threads are started while all are busy, so a hung blob holds up no other ([`pool`]). The server's
 //! own accesses to a view file (see [`views`]) are the only events allowed unfilled. A write that
 //! finds the disk full asks the daemon for room first ([`Server::on_full`]: it deletes the view files
 //! no mounted layer reads) and is tried once more; only then is the read denied.
@@ -41,6 +43,8 @@
 //! and held when the successor is made ([`Server::new`]), before its start opens more descriptors.
 
 pub mod area;
+pub mod deadline;
+mod events;
 pub mod evict;
 pub mod pages;
 pub mod pool;
@@ -48,7 +52,7 @@ pub mod room;
 pub mod sys;
 pub mod views;
 
-use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -106,6 +110,20 @@ struct Job {
     count: u64,
     pid: u32,
     slot: Option<usize>,
+    /// Taken by whoever answers: the fill thread, or the reaper at the deadline ([`deadline`]).
+    once: Arc<deadline::Once>,
+    /// Disarmed when the job is done.
+    _timer: Option<deadline::Timer<LateRead>>,
+}
+
+/// What the reaper needs to deny a read its fill thread has not answered by the deadline.
+struct LateRead {
+    number: RawFd,
+    slot: Option<usize>,
+    view: Arc<ViewFile>,
+    offset: u64,
+    count: u64,
+    once: Arc<deadline::Once>,
 }
 
 /// A read a predecessor took and did not answer: its range is filled in its blob's view file — in
@@ -328,11 +346,15 @@ impl Server {
             }
         }
         let ctx = self.context();
+        let late = self.context();
+        let reaper = deadline::Reaper::new(move |l| late.late(l))
+            .map_err(|e| tracing::error!(error = %e, "no deadline thread: a read whose store blocks waits for it"))
+            .ok();
         let stop = self.stop.clone();
         let views = self.views.clone();
         match std::thread::Builder::new()
             .name("fan-events".into())
-            .spawn(move || event_loop(&ctx, &views, &stop, &pool))
+            .spawn(move || events::event_loop(&ctx, &views, &stop, &pool, reaper.as_ref()))
         {
             Ok(t) => threads.push(t),
             Err(e) => tracing::error!(error = %e, "cannot start the fanotify event loop"),
@@ -554,6 +576,10 @@ impl Context {
 
     /// Fills a job's range, answers it, then reads ahead for a sequential reader.
     fn finish(&self, job: Job) {
+        if job.once.taken() {
+            // Denied at its deadline while it waited for a thread: nobody waits for the fill.
+            return;
+        }
         let range = job.view.chunks_in(job.offset, job.count);
         let sequential = job.view.follows(&range);
         let answer = self.fill(&job.view, job.offset, job.count, job.pid);
@@ -562,9 +588,12 @@ impl Context {
             job.view.touched.note(job.offset, job.count, false);
             job.view.note_used(range.clone());
         }
-        self.answer(job.number, answer);
-        if let Some(s) = job.slot {
-            self.journal.clear(s);
+        // Unless the reaper denied it already (the fill outlived the deadline).
+        if job.once.take() {
+            self.answer(job.number, answer);
+            if let Some(s) = job.slot {
+                self.journal.clear(s);
+            }
         }
         drop(job.fd);
         if sequential && answer == Answer::Allow {
@@ -580,6 +609,23 @@ impl Context {
             }
         }
         self.unmark_if_complete(&job.view);
+    }
+
+    /// Denies a read whose fill thread has not answered it by the deadline (its fetch is blocked in
+    /// the store: [`deadline`]); reads of its blob that need the store then fail at once for a moment.
+    fn late(&self, l: LateRead) {
+        if !l.once.take() {
+            return;
+        }
+        self.stats.denied.fetch_add(1, Ordering::Relaxed);
+        self.metrics.error("timeout");
+        l.view.timed_out();
+        tracing::warn!(blob = %l.view.blob.blob.digest, offset = l.offset, count = l.count,
+            "read denied: not filled by the deadline (the store does not answer)");
+        self.answer(l.number, Answer::Deny(libc::EIO));
+        if let Some(s) = l.slot {
+            self.journal.clear(s);
+        }
     }
 
     /// Fills what a predecessor left, then answers it: allowed only if its range is in every view
@@ -631,106 +677,6 @@ impl Context {
     fn answer(&self, number: RawFd, answer: Answer) {
         if let Err(e) = self.group.answer(number, answer) {
             tracing::error!(fd = number, error = %e, "cannot answer a fanotify event");
-        }
-    }
-}
-
-/// Reads the next batch of events: into the journal's event area when it has one (so that a
-/// successor finds them, see [`area`]), else into `fallback`.
-fn read_batch(
-    group: &Group,
-    area: Option<&EventArea<'_>>,
-    fallback: &mut [u8],
-) -> std::io::Result<Vec<sys::Event>> {
-    let buf = match area {
-        Some(a) => a.arm(std::process::id()),
-        None => fallback,
-    };
-    let n = group.read(buf)?;
-    sys::parse(&buf[..n]).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-}
-
-fn event_loop(ctx: &Context, views: &Views, stop: &AtomicBool, pool: &pool::Pool<Work>) {
-    let me = std::process::id();
-    let area = EventArea::of(&ctx.journal);
-    if area.is_none() {
-        tracing::warn!("the fanotify journal has no event area: a kill between reading and recording an event strands its reader");
-    }
-    // Only without an area (a journal of an older layout) is a buffer of this process read into.
-    let mut fallback = match area {
-        Some(_) => Vec::new(),
-        None => vec![0u8; area::EVENTS_LEN],
-    };
-    while !stop.load(Ordering::Acquire) {
-        match ctx.group.wait(POLL_MS) {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(e) => {
-                tracing::error!(error = %e, "polling the fanotify group");
-                std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
-                continue;
-            }
-        }
-        let events = match read_batch(&ctx.group, area.as_ref(), &mut fallback) {
-            Ok(ev) => ev,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => {
-                tracing::error!(error = %e, "reading fanotify events: their readers wait");
-                continue;
-            }
-        };
-        for (i, ev) in events.into_iter().enumerate() {
-            let Some(number) = ev.fd else { continue };
-            // SAFETY: the kernel installed this descriptor in this process for this event alone.
-            let fd = unsafe { OwnedFd::from_raw_fd(number) };
-            let Some((offset, count)) = ev.range.filter(|_| ev.mask & sys::FAN_PRE_ACCESS != 0)
-            else {
-                ctx.answer(number, Answer::Allow);
-                continue;
-            };
-            let view = match views.by_fd(fd.as_fd()) {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::error!(error = %e, "read of a watched file the server does not serve: denied");
-                    ctx.answer(number, Answer::Deny(libc::EIO));
-                    continue;
-                }
-            };
-            if let Some(a) = &area {
-                a.resolve(i, &view.blob.blob.digest);
-            }
-            let own = ev.pid == me && view.is_own(offset, count);
-            let range = view.chunks_in(offset, count);
-            if !own && ctx.table.trace.is_on() {
-                for i in range.clone() {
-                    ctx.table.trace.record(&view.blob.blob.digest, i as u32);
-                }
-            }
-            if own || view.filled(range.clone()) {
-                ctx.stats.hits.fetch_add(1, Ordering::Relaxed);
-                ctx.answer(number, Answer::Allow);
-                if !own {
-                    view.touched.note(offset, count, false);
-                    view.note_used(range);
-                }
-                continue;
-            }
-            let record = encode(&view.blob.blob.digest, offset, count, ev.pid);
-            let slot = ctx.journal.record(number as u64 + 1, &record);
-            let job = Job {
-                fd,
-                number,
-                view,
-                offset,
-                count,
-                pid: ev.pid,
-                slot,
-            };
-            match pool.send(Work::Event(job)) {
-                Err(Work::Event(job)) => ctx.finish(job),
-                Err(Work::Adopted(a)) => ctx.adopt(a),
-                Ok(()) => {}
-            }
         }
     }
 }

@@ -10,6 +10,7 @@ use proptest::prelude::*;
 use strata_registry::store::Fault;
 use strata_registry::toc::BLOCK_SIZE;
 
+use super::events::read_batch;
 use super::sys::{self, Event};
 use super::*;
 use crate::testkit::{bytes, Kit};
