@@ -55,13 +55,20 @@ pub fn ps(socket: &Path, json_out: bool) -> Result<()> {
         );
     }
     let cache = &status["cache"];
+    // `fanotify` mode caches blobs in their view files (the chunk cache holds only what they could not
+    // take): those are what the node holds.
+    let views = &status["fanotify"];
+    let (what, used, chunks) = match views.is_object() {
+        true => ("view files", &views["disk_bytes"], &views["kept_chunks"]),
+        false => ("cache", &cache["used"], &cache["chunks"]),
+    };
     println!(
-        "fetched for no sandbox: {}  layers mounted: {}  cache: {} of {} ({} chunks)",
+        "fetched for no sandbox: {}  layers mounted: {}  {what}: {} of {} ({} chunks)",
         human(status["fetched_unattributed"].as_u64().unwrap_or(0)),
         status["layers"].as_array().map_or(0, |l| l.len()),
-        human(cache["used"].as_u64().unwrap_or(0)),
+        human(used.as_u64().unwrap_or(0)),
         human(cache["capacity"].as_u64().unwrap_or(0)),
-        cache["chunks"].as_u64().unwrap_or(0)
+        chunks.as_u64().unwrap_or(0)
     );
     if let Some(mode) = status["mount_mode"].as_str() {
         let passed = status["mount_modes"]["passed_over"].as_array().cloned();
