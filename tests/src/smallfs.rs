@@ -67,7 +67,7 @@ pub fn view_files(dir: &Path) -> usize {
         .filter(|e| {
             e.file_name()
                 .to_str()
-                .is_some_and(|n| n.len() == 64 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+                .is_some_and(|n| strata_registry::digest::Digest::from_hex(n).is_ok())
         })
         .count()
 }

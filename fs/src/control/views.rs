@@ -210,7 +210,7 @@ impl Daemon {
         let Some(room) = &self.room else { return };
         let before = room.held();
         match room.restore() {
-            Ok(held) if held > before && before == 0 => {
+            Ok(held) if before == 0 && held > 0 => {
                 tracing::info!(bytes = held, path = %room.path().display(), "view files' reserve allocated")
             }
             Ok(_) => {}
