@@ -5,7 +5,8 @@
 //! filesystem whose only copy is gone blocks in the kernel for minutes (a MooseFS client retries;
 //! found by the multi-client tier in this mode: a read hung past 60 s with a 3 s deadline), and a
 //! thread blocked there cannot answer. So each event taken by a fill thread is armed here with its
-//! deadline ([`Reaper::arm`]); a reaper thread denies (`EIO`) any event still unanswered when its
+//! deadline ([`Reaper::arm`]) — a read a successor adopts from a dead server too, its deadline counted
+//! from the successor's start; a reaper thread denies (`EIO`) any event still unanswered when its
 //! deadline passes, as `file` mode's blob server does (`crate::slowread`). An event is answered
 //! exactly once: whoever takes its [`Once`] first answers. The event's descriptor stays with the fill
 //! thread, closed when it is done, so the number cannot go to another event while that thread might

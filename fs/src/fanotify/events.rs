@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::area::{self, EventArea};
 use super::sys::{self, Answer, Group};
 use super::views::Views;
-use super::{deadline, encode, pool, Context, Job, LateRead, Work, POLL_MS};
+use super::{deadline, encode, pool, Context, Job, Pending, POLL_MS};
 
 /// Reads the next batch of events: into the journal's event area when it has one (so that a
 /// successor finds them, see [`area`]), else into `fallback`.
@@ -30,8 +30,8 @@ pub(super) fn event_loop(
     ctx: &Context,
     views: &Views,
     stop: &AtomicBool,
-    pool: &pool::Pool<Work>,
-    reaper: Option<&deadline::Reaper<LateRead>>,
+    pool: &pool::Pool<Job>,
+    reaper: Option<&deadline::Reaper<Arc<Pending>>>,
 ) {
     let me = std::process::id();
     let area = EventArea::of(&ctx.journal);
@@ -99,31 +99,19 @@ pub(super) fn event_loop(
             }
             let record = encode(&view.blob.blob.digest, offset, count, ev.pid);
             let slot = ctx.journal.record(number as u64 + 1, &record);
-            let once = Arc::new(deadline::Once::default());
-            let late = LateRead {
+            let read = Pending {
                 number,
                 slot,
-                view: view.clone(),
-                offset,
-                count,
-                once: once.clone(),
-            };
-            let due = std::time::Instant::now() + ctx.fetcher.deadline;
-            let job = Job {
-                fd,
-                number,
-                view,
+                views: vec![view],
                 offset,
                 count,
                 pid: ev.pid,
-                slot,
-                once,
-                _timer: reaper.map(|r| r.arm(due, late)),
+                adopted: false,
+                once: deadline::Once::default(),
             };
-            match pool.send(Work::Event(job)) {
-                Err(Work::Event(job)) => ctx.finish(job),
-                Err(Work::Adopted(a)) => ctx.adopt(a),
-                Ok(()) => {}
+            let due = std::time::Instant::now() + ctx.fetcher.deadline;
+            if let Err(job) = pool.send(Job::armed(read, Some(fd), reaper, due)) {
+                ctx.work(job);
             }
         }
     }

@@ -99,51 +99,49 @@ pub struct Stats {
     pub relieved: AtomicU64,
 }
 
-/// A range to fill, then answer.
-struct Job {
-    /// The event's descriptor: closed only after the answer, so that its number cannot go to another
-    /// event before.
-    fd: OwnedFd,
+/// A read taken and not yet answered: what its fill thread and the reaper share.
+struct Pending {
     number: RawFd,
-    view: Arc<ViewFile>,
-    offset: u64,
-    count: u64,
-    pid: u32,
+    /// Its journal record, cleared after the answer.
     slot: Option<usize>,
-    /// Taken by whoever answers: the fill thread, or the reaper at the deadline ([`deadline`]).
-    once: Arc<deadline::Once>,
-    /// Disarmed when the job is done.
-    _timer: Option<deadline::Timer<LateRead>>,
-}
-
-/// What the reaper needs to deny a read its fill thread has not answered by the deadline.
-struct LateRead {
-    number: RawFd,
-    slot: Option<usize>,
-    view: Arc<ViewFile>,
-    offset: u64,
-    count: u64,
-    once: Arc<deadline::Once>,
-}
-
-/// A read a predecessor took and did not answer: its range is filled in its blob's view file — in
-/// every view file when the predecessor died before it knew the blob — then it is answered.
-struct Adopted {
-    /// The placeholder holding the event's number in this process, if this server took it (see the
-    /// module documentation); closed after the answer.
-    hold: Option<OwnedFd>,
-    number: RawFd,
+    /// The view files its range is filled in: its blob's; every one for a read a predecessor left
+    /// before it knew the blob.
     views: Vec<Arc<ViewFile>>,
     offset: u64,
     count: u64,
     pid: u32,
-    slot: usize,
+    /// A predecessor read the event (and may have answered it before it died).
+    adopted: bool,
+    /// Taken by whoever answers: the fill thread, or the reaper at the deadline ([`deadline`]).
+    once: deadline::Once,
 }
 
-/// What the fill threads take.
-enum Work {
-    Event(Job),
-    Adopted(Adopted),
+/// A read to fill, then answer, on a fill thread ([`pool`]).
+struct Job {
+    read: Arc<Pending>,
+    /// Holds the event's number until after the answer, so that it cannot go to another event
+    /// before: the event's descriptor, or for a read a predecessor left the placeholder this server
+    /// took (see the module documentation).
+    hold: Option<OwnedFd>,
+    /// Disarmed when the job is done.
+    _timer: Option<deadline::Timer<Arc<Pending>>>,
+}
+
+impl Job {
+    /// `read`, armed to be denied at `due` unless answered before.
+    fn armed(
+        read: Pending,
+        hold: Option<OwnedFd>,
+        reaper: Option<&deadline::Reaper<Arc<Pending>>>,
+        due: std::time::Instant,
+    ) -> Job {
+        let read = Arc::new(read);
+        Job {
+            _timer: reaper.map(|r| r.arm(due, read.clone())),
+            read,
+            hold,
+        }
+    }
 }
 
 /// A journal record's blob when the event's blob was not known: every view file is filled.
@@ -323,18 +321,20 @@ impl Server {
     /// [`Server::stop`]. Every blob whose view file may be read must have been opened ([`Server::view`])
     /// before: events for files the server does not know are denied.
     pub fn run(&self) {
-        let leftovers = self.leftover_jobs();
         let ctx = self.context();
-        let pool = pool::Pool::new("fan-fill", WORKERS, MAX_WORKERS, move |w| match w {
-            Work::Event(job) => ctx.finish(job),
-            Work::Adopted(a) => ctx.adopt(a),
-        });
-        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
-        for a in leftovers {
-            if let Err(Work::Adopted(a)) = pool.send(Work::Adopted(a)) {
-                self.context().adopt(a);
+        let pool = pool::Pool::new("fan-fill", WORKERS, MAX_WORKERS, move |job| ctx.work(job));
+        let late = self.context();
+        let reaper = deadline::Reaper::new(move |l| late.late(l))
+            .map_err(|e| tracing::error!(error = %e, "no deadline thread: a read whose store blocks waits for it"))
+            .ok();
+        let due = std::time::Instant::now() + self.fetcher.deadline;
+        for (read, hold) in self.leftover_reads() {
+            let job = Job::armed(read, hold, reaper.as_ref(), due);
+            if let Err(job) = pool.send(job) {
+                self.context().work(job);
             }
         }
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         let (stop, views) = (self.stop.clone(), self.views.clone());
         match std::thread::Builder::new()
             .name("fan-pages".into())
@@ -346,10 +346,6 @@ impl Server {
             }
         }
         let ctx = self.context();
-        let late = self.context();
-        let reaper = deadline::Reaper::new(move |l| late.late(l))
-            .map_err(|e| tracing::error!(error = %e, "no deadline thread: a read whose store blocks waits for it"))
-            .ok();
         let stop = self.stop.clone();
         let views = self.views.clone();
         match std::thread::Builder::new()
@@ -421,7 +417,7 @@ impl Server {
 
     /// The reads a predecessor left (taken and held by [`Server::new`]). Call before reading new
     /// events, with every view file open ([`Server::view`]).
-    fn leftover_jobs(&self) -> Vec<Adopted> {
+    fn leftover_reads(&self) -> Vec<(Pending, Option<OwnedFd>)> {
         let left = std::mem::take(&mut *self.left.lock().unwrap_or_else(|p| p.into_inner()));
         if !left.is_empty() {
             tracing::info!(
@@ -448,15 +444,17 @@ impl Server {
                 self.journal.clear(l.slot);
                 continue;
             }
-            jobs.push(Adopted {
-                hold,
+            let read = Pending {
                 number,
+                slot: Some(l.slot),
                 views,
                 offset,
                 count,
                 pid,
-                slot: l.slot,
-            });
+                adopted: true,
+                once: deadline::Once::default(),
+            };
+            jobs.push((read, hold));
         }
         jobs
     }
@@ -574,28 +572,57 @@ impl Context {
         }
     }
 
-    /// Fills a job's range, answers it, then reads ahead for a sequential reader.
-    fn finish(&self, job: Job) {
-        if job.once.taken() {
-            // Denied at its deadline while it waited for a thread: nobody waits for the fill.
+    /// Fills a job's range and answers it, unless the reaper denied it while it waited for a thread.
+    fn work(&self, job: Job) {
+        if job.read.once.taken() {
             return;
         }
-        let range = job.view.chunks_in(job.offset, job.count);
-        let sequential = job.view.follows(&range);
-        let answer = self.fill(&job.view, job.offset, job.count, job.pid);
+        if job.read.adopted {
+            self.adopt(job)
+        } else {
+            self.finish(job)
+        }
+    }
+
+    /// Answers a read once (unless the reaper did: the fill outlived the deadline) and clears its
+    /// record. A read a predecessor left may have been answered by it before it died: nothing waits
+    /// on that number then (`ENOENT`).
+    fn answer_once(&self, read: &Pending, answer: Answer) {
+        if read.once.take() {
+            self.answer_taken(read, answer);
+        }
+    }
+
+    /// [`Context::answer_once`] by the one that took the read's right to answer.
+    fn answer_taken(&self, read: &Pending, answer: Answer) {
+        match self.group.answer(read.number, answer) {
+            Err(e) if read.adopted && e.raw_os_error() == Some(libc::ENOENT) => {
+                tracing::debug!(fd = read.number, "a left event was answered already")
+            }
+            Err(e) => {
+                tracing::error!(fd = read.number, error = %e, "cannot answer a fanotify event")
+            }
+            Ok(()) => {}
+        }
+        if let Some(s) = read.slot {
+            self.journal.clear(s);
+        }
+    }
+
+    /// Fills a new event's range, answers it, then reads ahead for a sequential reader.
+    fn finish(&self, job: Job) {
+        let read = &job.read;
+        let view = &read.views[0];
+        let range = view.chunks_in(read.offset, read.count);
+        let sequential = view.follows(&range);
+        let answer = self.fill(view, read.offset, read.count, read.pid);
         if answer == Answer::Allow {
             self.stats.fills.fetch_add(1, Ordering::Relaxed);
-            job.view.touched.note(job.offset, job.count, false);
-            job.view.note_used(range.clone());
+            view.touched.note(read.offset, read.count, false);
+            view.note_used(range.clone());
         }
-        // Unless the reaper denied it already (the fill outlived the deadline).
-        if job.once.take() {
-            self.answer(job.number, answer);
-            if let Some(s) = job.slot {
-                self.journal.clear(s);
-            }
-        }
-        drop(job.fd);
+        self.answer_once(read, answer);
+        drop(job.hold);
         if sequential && answer == Answer::Allow {
             // After the answer: the reader goes on while this thread fills what it reads next —
             // only chunks the chunk cache holds (the miss's followers write themselves here as
@@ -603,37 +630,39 @@ impl Context {
             // neighbours as well cut the cold import's misses from 454 to 291 but not its time
             // (1.25 s against 1.30 s, runs vary by ±0.15 s), for more disk writes and CPU. A
             // failure is the next read's to report.
-            let ahead = job.view.ahead(&range, READ_AHEAD);
-            if let Err(e) = job.view.fill_cached(&self.fetcher, ahead) {
-                tracing::debug!(blob = %job.view.blob.blob.digest, error = %e, "read-ahead failed");
+            let ahead = view.ahead(&range, READ_AHEAD);
+            if let Err(e) = view.fill_cached(&self.fetcher, ahead) {
+                tracing::debug!(blob = %view.blob.blob.digest, error = %e, "read-ahead failed");
             }
         }
-        self.unmark_if_complete(&job.view);
+        self.unmark_if_complete(view);
     }
 
     /// Denies a read whose fill thread has not answered it by the deadline (its fetch is blocked in
     /// the store: [`deadline`]); reads of its blob that need the store then fail at once for a moment.
-    fn late(&self, l: LateRead) {
-        if !l.once.take() {
+    /// Reads a successor adopted are under the same deadline, counted from its start.
+    fn late(&self, read: Arc<Pending>) {
+        if !read.once.take() {
             return;
         }
         self.stats.denied.fetch_add(1, Ordering::Relaxed);
         self.metrics.error("timeout");
-        l.view.timed_out();
-        tracing::warn!(blob = %l.view.blob.blob.digest, offset = l.offset, count = l.count,
-            "read denied: not filled by the deadline (the store does not answer)");
-        self.answer(l.number, Answer::Deny(libc::EIO));
-        if let Some(s) = l.slot {
-            self.journal.clear(s);
+        for v in &read.views {
+            v.timed_out();
         }
+        tracing::warn!(offset = read.offset, count = read.count, adopted = read.adopted,
+            blob = %read.views.first().map(|v| v.blob.blob.digest.to_string()).unwrap_or_default(),
+            "read denied: not filled by the deadline (the store does not answer)");
+        self.answer_taken(&read, Answer::Deny(libc::EIO));
     }
 
     /// Fills what a predecessor left, then answers it: allowed only if its range is in every view
     /// file it was filled in.
-    fn adopt(&self, a: Adopted) {
+    fn adopt(&self, job: Job) {
+        let read = &job.read;
         let mut answer = Answer::Allow;
-        for v in &a.views {
-            if self.fill(v, a.offset, a.count, a.pid) != Answer::Allow {
+        for v in &read.views {
+            if self.fill(v, read.offset, read.count, read.pid) != Answer::Allow {
                 answer = Answer::Deny(libc::EIO);
             }
         }
@@ -641,18 +670,9 @@ impl Context {
         if answer == Answer::Allow {
             self.stats.fills.fetch_add(1, Ordering::Relaxed);
         }
-        match self.group.answer(a.number, answer) {
-            // The predecessor had answered it (a read it allowed at once, or one it answered just
-            // before it died): nothing waits on that number.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                tracing::debug!(fd = a.number, "a left event was answered already")
-            }
-            Err(e) => tracing::error!(fd = a.number, error = %e, "cannot answer a left event"),
-            Ok(()) => {}
-        }
-        self.journal.clear(a.slot);
-        drop(a.hold);
-        for v in &a.views {
+        self.answer_once(read, answer);
+        drop(job.hold);
+        for v in &read.views {
             self.unmark_if_complete(v);
         }
     }

@@ -94,11 +94,16 @@ struct Served {
 
 /// [`Served`], not reading events yet, where this kernel reports pre-content events to this process.
 fn unstarted() -> Option<Served> {
+    unstarted_within(Duration::from_secs(5))
+}
+
+/// [`unstarted`], its reads due within `deadline`.
+fn unstarted_within(deadline: Duration) -> Option<Served> {
     let dir = tempfile::tempdir().expect("tempdir");
     if !have_events(dir.path()) {
         return None;
     }
-    let kit = Kit::new(Duration::from_secs(5));
+    let kit = Kit::new(deadline);
     let (h, key, want) = blob(&kit);
     let views = dir.path().join("views");
     let s = Server::new(
@@ -231,132 +236,37 @@ fn a_failed_fetch_is_an_error_never_a_hole() {
     s.stop();
 }
 
-/// A server about to "die" with a reader (`cat`) waiting on its group, and what its successor needs.
-struct Handover {
-    t: Served,
-    reader: std::thread::JoinHandle<std::process::Output>,
-}
-
-fn handover() -> Option<Handover> {
-    let t = unstarted()?;
-    let path = t.path.clone();
-    let reader = std::thread::spawn(move || cat(&path));
-    Some(Handover { t, reader })
-}
-
-impl Handover {
-    /// The dead server's next batch of events, read as its event loop reads them (into its area).
-    fn read(&self) -> Vec<Event> {
-        let area = EventArea::of(&self.t.s.journal).expect("event area");
-        loop {
-            assert!(self.t.s.group.wait(5000).expect("poll"), "no event");
-            match read_batch(&self.t.s.group, Some(&area), &mut []) {
-                Ok(evs) if !evs.is_empty() => return evs,
-                Ok(_) => {}
-                Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}"),
-            }
-        }
-    }
-
-    /// The server dies (its event descriptors close as a dead process's would) and a successor
-    /// starts on what it kept: the waiting reader gets the view's bytes and the journal is left empty.
-    fn die_after(self, evs: &[Event]) -> Server {
-        for ev in evs {
-            drop(unsafe { OwnedFd::from_raw_fd(ev.fd.expect("event fd")) });
-        }
-        let kept = (
-            rustix::io::dup(self.t.s.group.fd()).expect("dup group"),
-            rustix::io::dup(self.t.s.journal.fd()).expect("dup journal"),
-        );
-        let m = self.t.kit.metrics.clone();
-        let next = Server::new(
-            &self.t.views,
-            Some(kept),
-            self.t.kit.fetcher.clone(),
-            m,
-            Arc::default(),
-        )
-        .expect("successor");
-        drop(self.t.s);
-        next.view(&self.t.h).expect("view file again");
-        next.run();
-        let out = self.reader.join().expect("reader");
-        assert!(out.status.success(), "{out:?}");
-        let diff = out
-            .stdout
-            .iter()
-            .zip(&self.t.want)
-            .position(|(a, b)| a != b);
-        assert!(
-            out.stdout == self.t.want,
-            "the waiting reader got the bytes: len {} vs {}, first difference at {diff:?}",
-            out.stdout.len(),
-            self.t.want.len()
-        );
-        // Cleared after the answer: the reader may be done first.
-        crate::testkit::wait_until("journal cleared", || {
-            next.journal.slot_leftovers().is_empty()
-        });
-        next
-    }
-}
+/// How long a read whose store is stuck may take at most in these tests: well past their 500 ms
+/// deadline, well short of the stuck store's 20 s hang limit.
+const DENIED_WITHIN: Duration = Duration::from_secs(5);
 
 #[test]
-fn a_successor_answers_what_a_dead_server_read() {
-    let Some(t) = handover() else { return };
-    // The "dead" server reads and records its event, then never answers.
-    let evs = t.read();
-    let ev = &evs[0];
-    let (offset, count) = ev.range.expect("range");
-    let record = encode(&t.t.blob, offset, count, ev.pid);
-    let number = ev.fd.expect("event fd");
-    assert!(t.t.s.journal.record(number as u64 + 1, &record).is_some());
-    let next = t.die_after(&evs);
-    assert_eq!(next.stats.adopted.load(Ordering::Relaxed), evs.len() as u64);
-    next.stop();
+fn a_read_whose_store_is_stuck_is_denied_by_its_deadline() {
+    let Some(t) = unstarted_within(Duration::from_millis(500)) else {
+        return;
+    };
+    t.s.run();
+    let stuck = t.kit.faults.inject(Fault::stuck().key(&t.key));
+    let start = std::time::Instant::now();
+    let out = cat(&t.path);
+    let took = start.elapsed();
+    assert!(!out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Input/output error"));
+    assert!(
+        took < DENIED_WITHIN,
+        "denied by the deadline, not by the store: {took:?}"
+    );
+    t.kit.faults.remove(stuck);
+    std::thread::sleep(crate::slowread::FAIL_FAST);
+    assert!(
+        cat(&t.path).stdout == t.want,
+        "and read once the store answers"
+    );
+    t.s.stop();
 }
 
-/// A server killed right after a read returned: nothing recorded, its batch only in the event area
-/// (with its blob found, or not even that). Its successor finds the event there and answers it.
-fn successor_answers_an_unrecorded_event(blob_known: bool) {
-    let Some(t) = handover() else { return };
-    let evs = t.read();
-    if blob_known {
-        let area = EventArea::of(&t.t.s.journal).expect("event area");
-        area.resolve(0, &t.t.blob);
-    }
-    let next = t.die_after(&evs);
-    assert_eq!(next.stats.adopted.load(Ordering::Relaxed), evs.len() as u64);
-    next.stop();
-}
-
-#[test]
-fn a_successor_answers_an_event_the_dead_server_read_but_never_recorded() {
-    successor_answers_an_unrecorded_event(true);
-}
-
-#[test]
-fn a_successor_answers_an_event_whose_blob_the_dead_server_never_knew() {
-    successor_answers_an_unrecorded_event(false);
-}
-
-proptest! {
-    /// Whole events written into a zeroed buffer are found again, however many, and nothing past them.
-    #[test]
-    fn the_written_events_of_a_zeroed_buffer_are_found(n in 0usize..area::BATCH, extra in 0usize..100) {
-        let mut buf = vec![0u8; area::EVENTS_LEN + extra];
-        let ev = |i: usize| Event { mask: sys::FAN_PRE_ACCESS, fd: Some(i as i32 + 3), pid: 7, range: Some((i as u64, 4096)) };
-        let mut at = 0;
-        for i in 0..n {
-            let b = sys::encode(&ev(i));
-            buf[at..at + b.len()].copy_from_slice(&b);
-            at += b.len();
-        }
-        prop_assert_eq!(area::written(&buf), at);
-        let got = sys::parse(&buf[..at]).expect("parse");
-        prop_assert_eq!(got, (0..n).map(ev).collect::<Vec<_>>());
-    }
-}
+#[path = "handover_tests.rs"]
+mod handover;
 
 #[test]
 fn trimming_deletes_only_view_files_no_mounted_layer_uses() {

@@ -62,6 +62,9 @@ pub enum FaultKind {
     Delay(Duration),
     /// Block until the fault is removed, the deadline passes, or the hang limit.
     Hang,
+    /// Block until the fault is removed or the hang limit, whatever the call's deadline: a read
+    /// blocked in the kernel (a shared filesystem whose only copy is gone), which no timeout ends.
+    Stuck,
     /// Fail with [`StoreError::Backend`] without calling the wrapped store.
     Error,
     /// Invert the returned bytes inside the fault's range (without a range: the first byte returned).
@@ -101,6 +104,9 @@ impl Fault {
     }
     pub fn hang() -> Fault {
         Fault::of(FaultKind::Hang)
+    }
+    pub fn stuck() -> Fault {
+        Fault::of(FaultKind::Stuck)
     }
     pub fn error() -> Fault {
         Fault::of(FaultKind::Error)
@@ -180,6 +186,8 @@ pub struct FaultyStore {
 struct Plan {
     delay: Duration,
     hangs: Vec<FaultId>,
+    /// A hang is [`FaultKind::Stuck`]: the call's deadline does not end it.
+    stuck: bool,
     error: bool,
     corrupt: Vec<Option<Range<u64>>>,
 }
@@ -205,7 +213,7 @@ impl FaultyStore {
         let mut s = self.lock();
         s.next += 1;
         let id = FaultId(s.next);
-        if fault.kind == FaultKind::Hang {
+        if matches!(fault.kind, FaultKind::Hang | FaultKind::Stuck) {
             s.holding.insert(id);
         }
         s.faults.push((id, fault));
@@ -275,6 +283,10 @@ impl FaultyStore {
             match f.kind {
                 FaultKind::Delay(d) => plan.delay += d,
                 FaultKind::Hang => plan.hangs.push(*id),
+                FaultKind::Stuck => {
+                    plan.hangs.push(*id);
+                    plan.stuck = true;
+                }
                 FaultKind::Error => plan.error = true,
                 FaultKind::Corrupt => plan.corrupt.push(f.range.clone()),
             }
@@ -295,8 +307,11 @@ impl FaultyStore {
     ) -> Result<(T, Plan), StoreError> {
         let start = Instant::now();
         let plan = self.plan(op, key, range);
-        let limit =
-            deadline.unwrap_or_else(|| *self.hang_limit.lock().unwrap_or_else(|p| p.into_inner()));
+        let hang_limit = *self.hang_limit.lock().unwrap_or_else(|p| p.into_inner());
+        let limit = match deadline {
+            Some(d) if !plan.stuck => d,
+            _ => hang_limit,
+        };
         let timed_out = || timeout(self.inner.url(), key, limit);
         if plan.delay >= limit {
             std::thread::sleep(limit);
@@ -323,7 +338,11 @@ impl FaultyStore {
                 source: "injected fault".into(),
             });
         }
-        let left = deadline.map(|d| d.saturating_sub(start.elapsed()));
+        // A stuck call, once released, goes on as the kernel's would (its deadline was not its).
+        let left = match plan.stuck {
+            true => deadline,
+            false => deadline.map(|d| d.saturating_sub(start.elapsed())),
+        };
         if left.is_some_and(|l| l.is_zero()) {
             return Err(timed_out());
         }
@@ -461,6 +480,26 @@ mod tests {
             assert_eq!(&held.join().expect("thread").expect("read")[..], b"bc");
         });
         assert!(t.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_stuck_read_outlives_its_deadline_until_released() {
+        let f = store_with("k", b"abc");
+        let id = f.inject(Fault::stuck().key("k"));
+        std::thread::scope(|s| {
+            let held = s.spawn(|| f.get_range("k", 0..2, 50 * MS));
+            std::thread::sleep(300 * MS);
+            assert!(!held.is_finished(), "a stuck read ended at its deadline");
+            f.remove(id);
+            assert_eq!(&held.join().expect("thread").expect("read")[..], b"ab");
+        });
+        f.set_hang_limit(100 * MS);
+        f.inject(Fault::stuck().key("k"));
+        let t = Instant::now();
+        assert!(f
+            .get_range("k", 0..1, 10 * MS)
+            .is_err_and(|e| e.is_timeout()));
+        assert!(t.elapsed() >= 100 * MS);
     }
 
     #[test]
