@@ -26,6 +26,7 @@ pub mod attribution;
 pub mod blobfs;
 pub mod cache;
 pub mod control;
+pub mod deadline;
 pub mod fanotify;
 pub mod fetch;
 pub mod fuse;

@@ -17,33 +17,29 @@
 //! which keeps it — and its decompression context — for the next miss). Reads of a blob whose store hangs pile up as
 //! queued memory, not threads; another blob gets threads of its own at once.
 //!
-//! **A deadline that holds whatever the store does.** Every read is answered by its deadline: a reaper
-//! thread answers `EIO` to any read not answered in time — queued, or held by a thread still blocked in
-//! a fetch (which ends by itself later, under the store's own timeout, and then finds its read answered).
-//! Each read is answered exactly once: whoever takes its [`Reply`] first answers.
-//!
-//! **Failing fast for a moment.** When a read of a blob misses its deadline, reads of that blob that
-//! need the network fail at once for the next [`FAIL_FAST`] (cached data is still served: those reads
-//! never come here; a store that fails quickly, e.g. refuses connections, is simply asked again). The kernel answers a failed readahead by reading the page
-//! again synchronously, so without this one `read(2)` would wait twice the deadline.
+//! **A deadline that holds whatever the store does** ([`crate::deadline`]). Every read is answered by
+//! its deadline: the reaper answers `EIO` to any read not answered in time — queued, or held by a
+//! thread still blocked in a fetch (which ends by itself later, under the store's own timeout, and then
+//! finds its read answered). Each read is answered exactly once: whoever takes its [`Reply`] first
+//! answers. After a read of a blob missed its deadline, reads of that blob that need the network fail
+//! at once for a moment ([`crate::deadline::FailFast`]; cached data is still served: those reads
+//! never come here).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use strata_registry::digest::Digest;
 
 use rustix::io::Errno;
 
+use crate::deadline::{FailFast, Reaper, Timer};
 use crate::fuse::session::Reply;
 use crate::workers::Workers;
 
 /// Submitting threads (FUSE workers) kept free of reads that fetch, for everything else.
 pub const FREE_WORKERS: usize = 2;
-
-/// How long reads of a blob fail at once after one of its reads timed out.
-pub const FAIL_FAST: Duration = Duration::from_secs(1);
 
 /// A slow read's failure: the errno, and whether the blob's store is unavailable (it timed out, as
 /// opposed to, say, corrupt data or a refused connection).
@@ -56,8 +52,6 @@ pub struct SlowError {
 struct Pending {
     blob: Digest,
     reply: Mutex<Option<Reply>>,
-    /// Its place among the timers: (deadline, sequence).
-    key: (Instant, u64),
 }
 
 impl Pending {
@@ -78,6 +72,8 @@ pub type Work = Box<dyn FnOnce() -> Result<Vec<u8>, SlowError> + Send>;
 struct Job {
     pending: Arc<Pending>,
     work: Work,
+    /// Disarmed once the work is done.
+    timer: Timer<Arc<Pending>>,
 }
 
 #[derive(Default)]
@@ -86,20 +82,9 @@ struct Queue {
     threads: usize,
 }
 
-#[derive(Default)]
-struct Timers {
-    /// (deadline, sequence) → read.
-    due: BTreeMap<(Instant, u64), Arc<Pending>>,
-    seq: u64,
-    stop: bool,
-}
-
 struct Shared {
     queues: Mutex<HashMap<Digest, Queue>>,
-    /// Blobs failing fast, until when.
-    failing: Mutex<HashMap<Digest, Instant>>,
-    timers: Mutex<Timers>,
-    timer_cv: Condvar,
+    failing: FailFast,
     per_blob: usize,
     /// Called with the number of reads answered `EIO` by the deadline.
     on_timeout: Box<dyn Fn() + Send + Sync>,
@@ -108,6 +93,7 @@ struct Shared {
 /// The scheduler of slow reads.
 pub struct SlowReads {
     shared: Arc<Shared>,
+    reaper: Reaper<Arc<Pending>>,
     workers: Workers,
     pub deadline: Duration,
     /// Reads the submitting threads may serve themselves at once (0: none; see the module
@@ -130,18 +116,21 @@ impl SlowReads {
     ) -> std::io::Result<SlowReads> {
         let shared = Arc::new(Shared {
             queues: Mutex::new(HashMap::new()),
-            failing: Mutex::new(HashMap::new()),
-            timers: Mutex::new(Timers::default()),
-            timer_cv: Condvar::new(),
+            failing: FailFast::default(),
             per_blob: per_blob.max(1),
             on_timeout,
         });
         let s = shared.clone();
-        std::thread::Builder::new()
-            .name("strata-deadline".into())
-            .spawn(move || reaper(&s))?;
+        let reaper = Reaper::new(move |p: Arc<Pending>| {
+            if let Some(reply) = p.take() {
+                reply.error(Errno::IO);
+                (s.on_timeout)();
+                s.failing.timed_out(p.blob);
+            }
+        })?;
         Ok(SlowReads {
             shared,
+            reaper,
             workers,
             deadline,
             max_inline: 0,
@@ -164,28 +153,27 @@ impl SlowReads {
     /// Queues a read of `blob`; `work` runs on a thread of the blob's (unless the deadline passes
     /// first, and then `reply` gets `EIO`).
     pub fn submit(&self, blob: Digest, reply: Reply, work: Work) {
-        if self.shared.failing_now(&blob) {
+        if self.shared.failing.failing(&blob) {
             (self.shared.on_timeout)();
             return reply.error(Errno::IO);
         }
-        let pending = {
-            let mut t = self.shared.lock_timers();
-            t.seq += 1;
-            let pending = Arc::new(Pending {
-                blob,
-                reply: Mutex::new(Some(reply)),
-                key: (Instant::now() + self.deadline, t.seq),
-            });
-            t.due.insert(pending.key, pending.clone());
-            // Deadlines only grow: the reaper needs waking only when it has nothing else to wait for.
-            if t.due.len() == 1 {
-                self.shared.timer_cv.notify_one();
-            }
-            pending
-        };
+        let pending = Arc::new(Pending {
+            blob,
+            reply: Mutex::new(Some(reply)),
+        });
+        let timer = self
+            .reaper
+            .arm(Instant::now() + self.deadline, pending.clone());
         if self.inline.fetch_add(1, Ordering::AcqRel) < self.max_inline {
             self.served_inline.fetch_add(1, Ordering::Relaxed);
-            self.shared.serve(blob, Job { pending, work });
+            self.shared.serve(
+                blob,
+                Job {
+                    pending,
+                    work,
+                    timer,
+                },
+            );
             self.inline.fetch_sub(1, Ordering::AcqRel);
             return;
         }
@@ -193,7 +181,11 @@ impl SlowReads {
         let spawn = {
             let mut qs = self.shared.lock_queues();
             let q = qs.entry(blob).or_default();
-            q.jobs.push_back(Job { pending, work });
+            q.jobs.push_back(Job {
+                pending,
+                work,
+                timer,
+            });
             let spawn = q.threads < self.shared.per_blob;
             if spawn {
                 q.threads += 1;
@@ -214,37 +206,9 @@ impl SlowReads {
     }
 }
 
-impl Drop for SlowReads {
-    fn drop(&mut self) {
-        self.shared.lock_timers().stop = true;
-        self.shared.timer_cv.notify_all();
-    }
-}
-
 impl Shared {
     fn lock_queues(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Queue>> {
         self.queues.lock().unwrap_or_else(|p| p.into_inner())
-    }
-    fn lock_timers(&self) -> std::sync::MutexGuard<'_, Timers> {
-        self.timers.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn lock_failing(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Instant>> {
-        self.failing.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Marks a blob as failing for [`FAIL_FAST`].
-    fn failed(&self, blob: Digest) {
-        let now = Instant::now();
-        let mut f = self.lock_failing();
-        f.retain(|_, until| *until > now);
-        f.insert(blob, now + FAIL_FAST);
-    }
-
-    fn failing_now(&self, blob: &Digest) -> bool {
-        self.lock_failing()
-            .get(blob)
-            .is_some_and(|until| *until > Instant::now())
     }
 }
 
@@ -277,12 +241,12 @@ impl Shared {
             return;
         }
         let result = (job.work)();
-        self.lock_timers().due.remove(&job.pending.key);
+        drop(job.timer);
         if let Err(SlowError {
             unavailable: true, ..
         }) = &result
         {
-            self.failed(blob);
+            self.failing.timed_out(blob);
         }
         if let Some(reply) = job.pending.take() {
             match result {
@@ -290,35 +254,5 @@ impl Shared {
                 Err(e) => reply.error(e.errno),
             }
         }
-    }
-}
-
-/// Answers `EIO` to reads whose deadline passed.
-fn reaper(s: &Shared) {
-    let mut t = s.lock_timers();
-    loop {
-        if t.stop {
-            return;
-        }
-        let now = Instant::now();
-        let wait = match t.due.first_key_value() {
-            Some((&(at, _), _)) if at <= now => {
-                if let Some((_, p)) = t.due.pop_first() {
-                    if let Some(reply) = p.take() {
-                        reply.error(Errno::IO);
-                        (s.on_timeout)();
-                        s.failed(p.blob);
-                    }
-                }
-                continue;
-            }
-            Some((&(at, _), _)) => at - now,
-            None => Duration::from_secs(3600),
-        };
-        t = s
-            .timer_cv
-            .wait_timeout(t, wait)
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
     }
 }

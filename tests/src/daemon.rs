@@ -291,15 +291,32 @@ pub fn effective_mount_mode() -> String {
     }
     HERE.get_or_init(|| {
         let state = tempfile::tempdir().expect("a state directory for the probe");
-        let o = Command::new(crate::stratad_bin())
-            .args(["--config", "/dev/null", "--check", "--json", "--state-dir"])
-            .arg(state.path())
-            .output()
-            .expect("stratad --check");
-        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let (_, r) = stratad_check(state.path(), "auto");
         r["mode"].as_str().unwrap_or("none").to_string()
     })
     .clone()
+}
+
+/// `stratad --check --json --mount-mode <mode>` with defaults otherwise, on state directory `state`:
+/// whether it passed, and its report.
+pub fn stratad_check(state: &std::path::Path, mode: &str) -> (bool, serde_json::Value) {
+    let o = Command::new(crate::stratad_bin())
+        .args([
+            "--config",
+            "/dev/null",
+            "--check",
+            "--json",
+            "--mount-mode",
+            mode,
+        ])
+        .arg("--state-dir")
+        .arg(state)
+        .output()
+        .expect("stratad --check");
+    (
+        o.status.success(),
+        crate::json(&String::from_utf8_lossy(&o.stdout)),
+    )
 }
 
 /// What a node holds of fetched data, from `GET /v1/status`: `(chunks, bytes)` in the chunk cache plus

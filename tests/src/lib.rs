@@ -16,7 +16,7 @@ pub mod soak;
 pub mod tagrace;
 pub mod vm;
 
-pub use daemon::{effective_mount_mode, held, test_mount_mode, Daemon};
+pub use daemon::{effective_mount_mode, held, stratad_check, test_mount_mode, Daemon};
 pub use s3::{real_s3, S3Server};
 
 /// Stores manifest `n` of a family of distinct, empty manifests (no layers; told apart by an

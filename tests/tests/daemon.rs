@@ -326,7 +326,7 @@ fn an_outage_fails_uncached_reads_in_time_only(proxy: &Proxy, root: &Path, a: &[
     // Store back: reads work again — after at most a second: a blob whose read missed its deadline
     // fails fast for FAIL_FAST (strata_fs::slowread), and the outage's last timeout may be that recent.
     proxy.set_down(false);
-    let until = Instant::now() + strata_fs::slowread::FAIL_FAST * 5;
+    let until = Instant::now() + strata_fs::deadline::FAIL_FAST * 5;
     let got = loop {
         match std::fs::read(root.join("data/b.bin")) {
             Ok(got) => break got,

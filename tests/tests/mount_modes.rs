@@ -12,33 +12,13 @@ use std::time::Duration;
 
 use strata_tests::*;
 
-fn check(state: &Path, mode: &str) -> (bool, serde_json::Value) {
-    let o = Command::new(stratad_bin())
-        .args([
-            "--config",
-            "/dev/null",
-            "--check",
-            "--json",
-            "--mount-mode",
-            mode,
-        ])
-        .arg("--state-dir")
-        .arg(state)
-        .output()
-        .expect("stratad --check");
-    (
-        o.status.success(),
-        json(&String::from_utf8_lossy(&o.stdout)),
-    )
-}
-
 #[test]
 fn check_reports_the_modes_of_this_kernel_without_starting() {
     if !can_mount() || !require("Linux 6.12+ (file-backed EROFS)", kernel_at_least(6, 12)) {
         return;
     }
     let state = scratch("state");
-    let (ok, r) = check(state.path(), "auto");
+    let (ok, r) = stratad_check(state.path(), "auto");
     assert!(ok, "{r}");
     // `fanotify` where pre-content events are (6.14+; the state directory here is on ext4), else
     // `file`, saying why not `fanotify`.
@@ -59,12 +39,12 @@ fn check_reports_the_modes_of_this_kernel_without_starting() {
         "{r}"
     );
     assert!(r["probe_ms"].as_f64().expect("probe_ms") < 2000.0, "{r}");
-    let (ok, r) = check(state.path(), "loop");
+    let (ok, r) = stratad_check(state.path(), "loop");
     assert!(ok, "{r}");
     assert_eq!(r["mode"], "loop");
     assert_eq!(r["passed_over"][0]["reason"], "mount_mode is loop");
     // fuse forced: taken (FUSE is here), the kernel modes passed over as forced.
-    let (ok, r) = check(state.path(), "fuse");
+    let (ok, r) = stratad_check(state.path(), "fuse");
     assert!(ok, "{r}");
     assert_eq!(r["mode"], "fuse");
     assert_eq!(r["passed_over"][1]["reason"], "mount_mode is fuse", "{r}");

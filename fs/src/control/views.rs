@@ -254,7 +254,7 @@ impl Daemon {
     /// free share must be kept ([`fanotify::room::Room::bound`]).
     fn bound_views(&self, grace: std::time::Duration) {
         let Some(server) = &self.views else { return };
-        let disk = server.views.disk_bytes();
+        let mut disk = server.views.disk_bytes();
         let bound = match &self.room {
             Some(room) => room.bound(self.config.cache_size, disk),
             None => self.config.cache_size,
@@ -264,13 +264,14 @@ impl Daemon {
             if files > 0 {
                 tracing::info!(files, bytes, bound, "view files trimmed to their bound");
             }
+            disk = disk.saturating_sub(bytes);
         }
         let allowed = {
             let st = self.lock();
             let layers = st.layers.values();
             fanotify::evict::allowed(layers.map(|l| (l.views_watched, &l.blobs[..])))
         };
-        let p = server.evict(&allowed, bound, grace);
+        let p = server.evict(&allowed, bound, grace, disk);
         if p.punched.0 > 0 || p.marked > 0 {
             tracing::info!(
                 punched_chunks = p.punched.0,

@@ -145,7 +145,7 @@ fn a_successor_denies_a_left_read_by_its_deadline_when_its_store_is_stuck() {
         s.next.journal.slot_leftovers().is_empty()
     });
     s.faults.remove(stuck);
-    std::thread::sleep(crate::slowread::FAIL_FAST);
+    std::thread::sleep(crate::deadline::FAIL_FAST);
     let path = s
         .next
         .views

@@ -43,7 +43,6 @@
 //! and held when the successor is made ([`Server::new`]), before its start opens more descriptors.
 
 pub mod area;
-pub mod deadline;
 mod events;
 pub mod evict;
 pub mod pages;
@@ -61,6 +60,7 @@ use std::thread::JoinHandle;
 use strata_registry::digest::Digest;
 
 use crate::blobfs::BlobTable;
+use crate::deadline;
 use crate::fetch::{BlobHandle, FetchError, Fetcher};
 use crate::fuse::journal::{Journal, Leftover};
 use crate::metrics::Metrics;
@@ -162,6 +162,7 @@ pub struct Server {
     /// What a predecessor left, each number held: taken when the server is made, answered by `run`.
     left: Mutex<Vec<(Leftover, Option<OwnedFd>)>>,
     relief: Arc<OnceLock<Relief>>,
+    failing: Arc<deadline::FailFast>,
     /// What eviction punched out ([`Server::evict`]).
     pub evicted: evict::Stats,
     /// Held by an eviction pass; [`Server::stop`] waits for it, so no punch follows a handover.
@@ -226,6 +227,7 @@ impl Server {
             threads: Mutex::default(),
             left: Mutex::new(left),
             relief: Arc::default(),
+            failing: Arc::default(),
             evicted: evict::Stats::default(),
             evicting: Mutex::new(()),
         })
@@ -281,13 +283,15 @@ impl Server {
     }
 
     /// One eviction pass ([`evict`]): the view files of `allowed` blobs lose their least recently
-    /// used chunks until all view files fit `bound` (or nothing more may go), each punched out
-    /// `grace` after it was marked.
+    /// used chunks until all view files — `disk` bytes now ([`Views::disk_bytes`], which the caller
+    /// has just counted) — fit `bound` (or nothing more may go), each punched out `grace` after it
+    /// was marked.
     pub fn evict(
         &self,
         allowed: &std::collections::HashSet<Digest>,
         bound: u64,
         grace: std::time::Duration,
+        disk: u64,
     ) -> evict::Pass {
         let _pass = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
         if self.stop.load(Ordering::Acquire) {
@@ -299,7 +303,6 @@ impl Server {
             .into_iter()
             .filter(|v| allowed.contains(&v.blob.blob.digest))
             .collect();
-        let disk = self.views.disk_bytes();
         let p = evict::pass(&views, disk, bound, grace, |path| self.group.mark(path));
         self.evicted
             .chunks
@@ -412,6 +415,7 @@ impl Server {
             table: self.table.clone(),
             stats: self.stats.clone(),
             relief: self.relief.clone(),
+            failing: self.failing.clone(),
         }
     }
 
@@ -535,6 +539,8 @@ struct Context {
     table: Arc<BlobTable>,
     stats: Arc<Stats>,
     relief: Arc<OnceLock<Relief>>,
+    /// Blobs whose reads fail at once for a moment: one of their fetches missed the deadline.
+    failing: Arc<deadline::FailFast>,
 }
 
 impl Context {
@@ -542,7 +548,7 @@ impl Context {
     /// full gets one more try if the daemon could free room ([`Server::on_full`]).
     fn fill(&self, view: &ViewFile, offset: u64, count: u64, pid: u32) -> Answer {
         let range = view.chunks_in(offset, count);
-        if view.failing(&range) {
+        if self.failing.failing(&view.blob.blob.digest) && !view.filled(range.clone()) {
             self.stats.denied.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(blob = %view.blob.blob.digest, offset, count,
                 "read denied: a fetch of its blob missed the deadline just now");
@@ -558,7 +564,7 @@ impl Context {
             Ok(()) => Answer::Allow,
             Err(e) => {
                 if matches!(e, FillError::Fetch(FetchError::Timeout { .. })) {
-                    view.timed_out();
+                    self.failing.timed_out(view.blob.blob.digest);
                 }
                 self.stats.denied.fetch_add(1, Ordering::Relaxed);
                 self.metrics.error(match &e {
@@ -647,8 +653,10 @@ impl Context {
         }
         self.stats.denied.fetch_add(1, Ordering::Relaxed);
         self.metrics.error("timeout");
-        for v in &read.views {
-            v.timed_out();
+        // Not every blob for a read whose blob its dead server never learned: one stuck store
+        // must not fail the others' reads.
+        if let [v] = &read.views[..] {
+            self.failing.timed_out(v.blob.blob.digest);
         }
         tracing::warn!(offset = read.offset, count = read.count, adopted = read.adopted,
             blob = %read.views.first().map(|v| v.blob.blob.digest.to_string()).unwrap_or_default(),

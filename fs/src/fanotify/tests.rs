@@ -257,7 +257,7 @@ fn a_read_whose_store_is_stuck_is_denied_by_its_deadline() {
         "denied by the deadline, not by the store: {took:?}"
     );
     t.kit.faults.remove(stuck);
-    std::thread::sleep(crate::slowread::FAIL_FAST);
+    std::thread::sleep(crate::deadline::FAIL_FAST);
     assert!(
         cat(&t.path).stdout == t.want,
         "and read once the store answers"
@@ -579,15 +579,15 @@ fn an_eviction_pass_brings_allowed_view_files_under_the_bound() {
     let full = disk(&path);
     let none = std::collections::HashSet::new();
     assert_eq!(
-        s.evict(&none, 0, Duration::ZERO),
+        s.evict(&none, 0, Duration::ZERO, s.views.disk_bytes()),
         evict::Pass::default(),
         "no blob allowed"
     );
     let allowed: std::collections::HashSet<Digest> = [blob].into_iter().collect();
-    let first = s.evict(&allowed, 0, Duration::ZERO);
+    let first = s.evict(&allowed, 0, Duration::ZERO, s.views.disk_bytes());
     assert_eq!(first.punched, (0, 0), "marked first");
     assert!(first.marked > 0);
-    let second = s.evict(&allowed, 0, Duration::ZERO);
+    let second = s.evict(&allowed, 0, Duration::ZERO, s.views.disk_bytes());
     assert_eq!(second.punched.1, first.marked, "then punched");
     assert!(disk(&path) < full);
     let fetched = kit.faults.reads(&key);
@@ -595,7 +595,10 @@ fn an_eviction_pass_brings_allowed_view_files_under_the_bound() {
     assert!(kit.faults.reads(&key) > fetched, "refetched");
     // Stopped (a handover): no more punches.
     s.stop();
-    assert_eq!(s.evict(&allowed, 0, Duration::ZERO), evict::Pass::default());
+    assert_eq!(
+        s.evict(&allowed, 0, Duration::ZERO, s.views.disk_bytes()),
+        evict::Pass::default()
+    );
 }
 
 /// Pages of `path` in the page cache ([`sys::cached_pages`]; not `fincore`, which maps the file).

@@ -115,8 +115,6 @@ pub struct ViewFile {
     /// fill them again (the kernel's read-ahead has several reads of one chunk in flight at once).
     filling: Mutex<HashSet<usize>>,
     filled_cv: Condvar,
-    /// When a fetch for this file last missed the read deadline ([`ViewFile::failing`]).
-    timed_out: Mutex<Option<Instant>>,
 }
 
 /// What a scrub checked ([`ViewFile::scrub`]: the filled chunks of a view file).
@@ -209,7 +207,6 @@ impl Views {
             own: Mutex::default(),
             filling: Mutex::default(),
             filled_cv: Condvar::new(),
-            timed_out: Mutex::default(),
         });
         let mut by_blob = self.by_blob.write().unwrap_or_else(|p| p.into_inner());
         let v = by_blob.entry(d).or_insert(v).clone();
@@ -312,23 +309,6 @@ impl Views {
 }
 
 impl ViewFile {
-    /// Notes that a fetch for this file missed the read deadline now.
-    pub fn timed_out(&self) {
-        *self.timed_out.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-    }
-
-    /// Whether a read of `range`, not all filled, must fail at once: a fetch for this file missed
-    /// the deadline less than [`crate::slowread::FAIL_FAST`] ago, as `file` mode's blob server
-    /// does. Linux retries a failed read at once with a smaller one (8 KiB, then the 4 KiB asked
-    /// for): without this, a read from a store that does not answer waited two deadlines (the
-    /// silent-store suite: 6.0 s with a read timeout of 3 s). A store that fails quickly (refuses
-    /// connections) is asked again.
-    pub fn failing(&self, range: &std::ops::Range<usize>) -> bool {
-        let at = *self.timed_out.lock().unwrap_or_else(|p| p.into_inner());
-        at.is_some_and(|at| at.elapsed() < crate::slowread::FAIL_FAST)
-            && !self.filled(range.clone())
-    }
-
     /// The chunks overlapping `count` bytes at `offset`.
     pub fn chunks_in(&self, offset: u64, count: u64) -> std::ops::Range<usize> {
         let toc = &self.blob.toc;

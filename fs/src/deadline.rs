@@ -1,21 +1,58 @@
-//! Every read answered by its deadline, whatever the store does.
+//! Every read that waits for a store is answered by its deadline, whatever the store does — in both
+//! data paths: `file` and `loop` modes' blob server ([`crate::slowread`]) and `fanotify` mode's fill
+//! threads ([`crate::fanotify`]).
 //!
-//! A fill thread answers its event once its range is filled or its fetch failed. Most stores fail a
+//! A thread serving a read answers it once its bytes are in or its fetch failed. Most stores fail a
 //! fetch by the read deadline themselves (the fetcher's own timeout), but a read of a shared
 //! filesystem whose only copy is gone blocks in the kernel for minutes (a MooseFS client retries;
-//! found by the multi-client tier in this mode: a read hung past 60 s with a 3 s deadline), and a
-//! thread blocked there cannot answer. So each event taken by a fill thread is armed here with its
-//! deadline ([`Reaper::arm`]) — a read a successor adopts from a dead server too, its deadline counted
-//! from the successor's start; a reaper thread denies (`EIO`) any event still unanswered when its
-//! deadline passes, as `file` mode's blob server does (`crate::slowread`). An event is answered
-//! exactly once: whoever takes its [`Once`] first answers. The event's descriptor stays with the fill
-//! thread, closed when it is done, so the number cannot go to another event while that thread might
-//! still hold it.
+//! found by the multi-client tier: a read hung past 60 s with a 3 s deadline), and a thread blocked
+//! there cannot answer. So each such read is armed here with its deadline ([`Reaper::arm`]) and a
+//! reaper thread hands any read still unanswered when its deadline passes to its `late` handler,
+//! which answers `EIO`. A read is answered exactly once: whoever takes its [`Once`] (or, in the blob
+//! server, its FUSE reply) first answers; the other finds it taken and drops its answer.
+//!
+//! **Failing fast for a moment** ([`FailFast`]). When a read of a blob missed its deadline, reads of
+//! that blob that need its store fail at once for the next [`FAIL_FAST`] (cached data is still
+//! served; a store that fails quickly, e.g. refuses connections, is simply asked again). Linux
+//! answers a failed read or read-ahead by reading again at once with a smaller size: without this,
+//! one `read(2)` from a store that does not answer waited twice the deadline (the silent-store suite:
+//! 6.0 s with a read timeout of 3 s).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+use strata_registry::digest::Digest;
+
+/// How long reads of a blob fail at once after one of its reads missed its deadline.
+pub const FAIL_FAST: Duration = Duration::from_secs(1);
+
+/// The blobs whose reads fail at once for now, and until when. See the module documentation.
+#[derive(Default)]
+pub struct FailFast(Mutex<HashMap<Digest, Instant>>);
+
+impl FailFast {
+    /// Notes that a read of `blob` missed its deadline now: its reads that need the store fail at
+    /// once for [`FAIL_FAST`].
+    pub fn timed_out(&self, blob: Digest) {
+        let now = Instant::now();
+        let mut f = self.lock();
+        f.retain(|_, until| *until > now);
+        f.insert(blob, now + FAIL_FAST);
+    }
+
+    /// Whether reads of `blob` that need its store must fail at once.
+    pub fn failing(&self, blob: &Digest) -> bool {
+        self.lock()
+            .get(blob)
+            .is_some_and(|until| *until > Instant::now())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Instant>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// An event's right to be answered, taken once.
 #[derive(Default)]
@@ -139,6 +176,17 @@ fn reap<T>(s: &Shared<T>) {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn a_blob_fails_fast_for_a_moment_after_a_timeout_and_others_never() {
+        let f = FailFast::default();
+        let (a, b) = (Digest([1; 32]), Digest([2; 32]));
+        assert!(!f.failing(&a));
+        f.timed_out(a);
+        assert!(f.failing(&a) && !f.failing(&b));
+        std::thread::sleep(FAIL_FAST + Duration::from_millis(50));
+        assert!(!f.failing(&a));
+    }
 
     #[test]
     fn an_item_not_disarmed_is_late_once_and_a_disarmed_one_never() {
