@@ -57,6 +57,19 @@ fn the_install_recipe_puts_a_startable_service_in_place() {
     ] {
         assert!(dest.join("usr/local/bin").join(b).is_file(), "{b} missing");
     }
+    // Installed without their debug information (the line tables made stratad 91 MB), still runnable
+    // (below). Section names by binutils' readelf, which the install's `strip` comes with.
+    let debug_info = |bin: &Path| {
+        let o = Command::new("readelf")
+            .args(["-S", "--wide"])
+            .arg(bin)
+            .output()
+            .expect("readelf");
+        assert!(o.status.success(), "readelf {}", bin.display());
+        String::from_utf8_lossy(&o.stdout).contains(" .debug_info ")
+    };
+    assert!(debug_info(&target.join("release/stratad")));
+    assert!(!debug_info(&dest.join("usr/local/bin/stratad")));
     // Man pages and completions come from the installed strata's own definitions.
     let share = dest.join("usr/local/share");
     for page in [
