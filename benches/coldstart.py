@@ -21,8 +21,9 @@ usage: sudo benches/coldstart.py [prepare|plan|record|noplan|inherit|local|stat|
            the cache, `misses` (reads that fetched) and `joined` (reads that waited for another fetch) —
            less noisy than the wall time on a busy host, as the workload's own CPU time is not in them
   stat     the first metadata-heavy command on a cold mount: lstat of every entry of the rootfs
-           (`find ROOT -printf '%s'`) on a stratad rootfs just mounted, against the same on the materialized
-           copy mounted with kernel EROFS; page cache dropped after mounting
+           (`find ROOT -printf '%s'`) on a stratad rootfs just mounted (each of IMAGES), against the same on
+           the materialized copy mounted with kernel EROFS, bare and under an overlay; page cache dropped
+           after mounting
   seq      warm sequential read of the 1 GiB file (`dd bs=1M`): chunks already in stratad's cache, page
            cache dropped, against kernel EROFS reading the materialized copy with page cache dropped
   link     cold start over a slow link: a read-only S3 endpoint on loopback (see ObjectServer: why not moto)
@@ -39,7 +40,7 @@ cache; it prints medians and per-run ratios (strata / reference) and appends JSO
 benches/results/coldstart-<stamp>.jsonl. Environment: BENCH_DATA (/var/tmp/strata-bench), CARGO_TARGET_DIR
 (/var/tmp/strata-target) for the release strata, stratad and linkproxy binaries, STRATAD (another stratad), QUIET_MAX (120), RTT_MS
 (20), MBIT (1000), STRATAD_ARGS (extra flags for stratad, e.g. "--max-fetch-span 1M"), IMAGES (the images
-`local` and `link` measure, comma-separated, each from a fresh daemon in every run against the same
+`local`, `link` and `stat` measure, comma-separated, each from a fresh daemon in every run against the same
 reference measurement, default fat:v1; an item may add stratad flags after a space: e.g. fat:v1,fatrf:v1
 compares two builds of the fat tree in one run, "fat:v1,fat:v1 --max-fetch-span 4M" two daemon settings,
 "fat:v1,fat:v1 stratad=/tmp/stratad-old" two stratad binaries;
@@ -349,15 +350,17 @@ def bench_stat(runs):
     rows = []
     try:
         for i in range(runs):
-            d = Daemon(STORE)
-            try:
-                busy = wait_quiet()
-                drop_caches()
-                sb = d.mount("fat:v1", "s")
-                drop_caches()
-                strata, n1 = walk(sb["rootfs"])
-            finally:
-                d.stop()
+            got = []
+            for image in IMAGES:
+                d = Daemon(STORE, **daemon_opts(image))
+                try:
+                    busy = wait_quiet()
+                    drop_caches()
+                    sb = d.mount(image.split()[0], "s")
+                    drop_caches()
+                    got.append((image, *walk(sb["rootfs"]), busy))
+                finally:
+                    d.stop()
             busy2 = wait_quiet()
             drop_caches()
             mount_erofs(meta, devs, mnt)
@@ -376,12 +379,13 @@ def bench_stat(runs):
                     umount(f"{ov}/m")
             finally:
                 umount(mnt)
-            rows.append(record("stat", i, strata=strata, reference=ref, reference_overlay=ref_ov, entries=n1,
-                               entries_ref=n2, busy=max(busy, busy2, busy3)))
+            for image, strata, n1, busy in got:
+                rows.append(record("stat", i, image=image, strata=strata, reference=ref, reference_overlay=ref_ov,
+                                   entries=n1, entries_ref=n2, busy=max(busy, busy2, busy3)))
     finally:
         os.rmdir(mnt)
         shutil.rmtree(ov, ignore_errors=True)
-    return summary("stat", rows, extra=("reference_overlay",))
+    return summaries("stat", rows, extra=("reference_overlay",))
 
 
 # ---------------------------------------------------------------- warm sequential read
