@@ -92,8 +92,9 @@ pub struct Timer<T: Send + 'static> {
 }
 
 impl<T: Send + 'static> Reaper<T> {
-    /// A reaper whose thread calls `late` (with no lock held) for each item not disarmed in time.
-    pub fn new(late: impl Fn(T) + Send + Sync + 'static) -> std::io::Result<Reaper<T>> {
+    /// A reaper whose thread (named `name`) calls `late` (with no lock held) for each item not
+    /// disarmed in time.
+    pub fn new(name: &str, late: impl Fn(T) + Send + Sync + 'static) -> std::io::Result<Reaper<T>> {
         let shared = Arc::new(Shared {
             timers: Mutex::new(BTreeMap::new()),
             cv: Condvar::new(),
@@ -103,7 +104,7 @@ impl<T: Send + 'static> Reaper<T> {
         });
         let s = shared.clone();
         std::thread::Builder::new()
-            .name("fan-deadline".into())
+            .name(name.into())
             .spawn(move || reap(&s))?;
         Ok(Reaper { shared })
     }
@@ -192,7 +193,7 @@ mod tests {
     fn an_item_not_disarmed_is_late_once_and_a_disarmed_one_never() {
         let late = Arc::new(Mutex::new(Vec::new()));
         let l = late.clone();
-        let r = Reaper::new(move |i: u32| l.lock().unwrap().push(i)).unwrap();
+        let r = Reaper::new("test-deadline", move |i: u32| l.lock().unwrap().push(i)).unwrap();
         let now = Instant::now();
         let _a = r.arm(now + Duration::from_millis(50), 1);
         let b = r.arm(now + Duration::from_millis(20), 2);
@@ -207,7 +208,7 @@ mod tests {
         let once = Arc::new(Once::default());
         let answers = Arc::new(AtomicUsize::new(0));
         let (o, n) = (once.clone(), answers.clone());
-        let r = Reaper::new(move |(): ()| {
+        let r = Reaper::new("test-deadline", move |(): ()| {
             if o.take() {
                 n.fetch_add(1, Ordering::AcqRel);
             }

@@ -121,7 +121,7 @@ impl SlowReads {
             on_timeout,
         });
         let s = shared.clone();
-        let reaper = Reaper::new(move |p: Arc<Pending>| {
+        let reaper = Reaper::new("strata-deadline", move |p: Arc<Pending>| {
             if let Some(reply) = p.take() {
                 reply.error(Errno::IO);
                 (s.on_timeout)();

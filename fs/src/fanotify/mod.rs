@@ -327,7 +327,7 @@ impl Server {
         let ctx = self.context();
         let pool = pool::Pool::new("fan-fill", WORKERS, MAX_WORKERS, move |job| ctx.work(job));
         let late = self.context();
-        let reaper = deadline::Reaper::new(move |l| late.late(l))
+        let reaper = deadline::Reaper::new("fan-deadline", move |l| late.late(l))
             .map_err(|e| tracing::error!(error = %e, "no deadline thread: a read whose store blocks waits for it"))
             .ok();
         let due = std::time::Instant::now() + self.fetcher.deadline;
