@@ -15,10 +15,18 @@
 //! `idle_for` ends unless at most `keep` threads would then be left idle, so a burst's threads do not
 //! stay forever, and the few a steady trickle of misses needs are always there.
 //!
+//! **Bounded, where jobs do not wait on each other** ([`Workers::bounded`]). `fanotify` mode's fill
+//! threads each wait on a store read, never on another fill: a blob whose store hangs must not take
+//! every thread (its reads would queue the others behind theirs — found by the faults suite: a healthy
+//! blob's 16 reads took 92 s beside 256 reads of a hung one with a fixed 16), but a thread per event
+//! without a bound is a thread per waiting reader. There, past `max` threads a job queues for the next
+//! thread done.
+//!
 //! Invariants (under the lock): `idle` counts the threads waiting for a job; every queued job is taken
-//! by one of them (a job is queued only when `idle > jobs.len()`, else it starts a thread of its own);
-//! `threads` counts live threads, and a job that panics still leaves its thread counted correctly (the
-//! panic is caught and logged; the thread goes on).
+//! by one of them or by a busy thread when it is done (a job is queued only when `idle > jobs.len()`
+//! or `max` threads live, else it starts a thread of its own); `threads` counts live threads, and a job
+//! that panics still leaves its thread counted correctly (the panic is caught and logged; the thread
+//! goes on). When the last handle of a pool is dropped, its threads end once the jobs queued are done.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,12 +45,26 @@ pub struct NotStarted {
 #[derive(Clone)]
 pub struct Workers {
     shared: Arc<Shared>,
+    /// Held by every handle, not by the threads: its drop ends them ([`Open`]).
+    _open: Arc<Open>,
+}
+
+/// Ends the pool's threads when the last handle goes.
+struct Open(Arc<Shared>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.lock().closed = true;
+        self.0.wake.notify_all();
+    }
 }
 
 struct Shared {
     name: &'static str,
     idle_for: Duration,
     keep: usize,
+    /// Threads at most (`usize::MAX`: unbounded).
+    max: usize,
     state: Mutex<State>,
     wake: Condvar,
     started: AtomicU64,
@@ -53,6 +75,8 @@ struct State {
     jobs: VecDeque<Job>,
     idle: usize,
     threads: usize,
+    /// No handle is left: threads end once the queue is empty.
+    closed: bool,
 }
 
 /// How long a thread beyond the kept ones waits for work before it ends.
@@ -63,24 +87,34 @@ pub const KEEP: usize = 4;
 impl Workers {
     /// A pool whose threads are named `name` and end after `idle_for` without work, keeping `keep`.
     pub fn new(name: &'static str, idle_for: Duration, keep: usize) -> Workers {
+        Workers::bounded(name, idle_for, keep, usize::MAX)
+    }
+
+    /// [`Workers::new`] with at most `max` threads: past them, jobs queue (see the module
+    /// documentation: only for jobs that never wait on each other).
+    pub fn bounded(name: &'static str, idle_for: Duration, keep: usize, max: usize) -> Workers {
+        let shared = Arc::new(Shared {
+            name,
+            idle_for,
+            keep,
+            max: max.max(1),
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+            started: AtomicU64::new(0),
+        });
         Workers {
-            shared: Arc::new(Shared {
-                name,
-                idle_for,
-                keep,
-                state: Mutex::new(State::default()),
-                wake: Condvar::new(),
-                started: AtomicU64::new(0),
-            }),
+            _open: Arc::new(Open(shared.clone())),
+            shared,
         }
     }
 
-    /// Runs `job` on an idle thread, or on a new one when none is idle.
+    /// Runs `job` on an idle thread, or on a new one when none is idle (below the bound; at it, on
+    /// the next thread free).
     pub fn run(&self, job: impl FnOnce() + Send + 'static) -> Result<(), NotStarted> {
         let job: Job = Box::new(job);
         {
             let mut st = self.shared.lock();
-            if st.idle > st.jobs.len() {
+            if st.idle > st.jobs.len() || st.threads >= self.shared.max {
                 st.jobs.push_back(job);
                 drop(st);
                 self.shared.wake.notify_one();
@@ -175,6 +209,10 @@ impl Shared {
                 loop {
                     if let Some(job) = st.jobs.pop_front() {
                         break job;
+                    }
+                    if st.closed {
+                        st.threads -= 1;
+                        return;
                     }
                     st.idle += 1;
                     let (guard, waited) = self
@@ -275,6 +313,48 @@ mod tests {
             .unwrap();
         got.recv().unwrap();
         assert_eq!(w.started(), 6);
+    }
+
+    #[test]
+    fn a_bounded_pool_queues_past_its_bound_and_runs_every_job() {
+        let w = Workers::bounded("t-bound", IDLE_FOR, 1, 4);
+        let (tx, rx) = mpsc::channel::<()>();
+        let rx = Arc::new(Mutex::new(rx));
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for _ in 0..10 {
+            let (rx, done) = (rx.clone(), done.clone());
+            w.run(move || {
+                let _ = rx.lock().unwrap().recv();
+                done.fetch_add(1, Ordering::SeqCst);
+            })
+            .map_err(|e| e.error)
+            .unwrap();
+        }
+        assert_eq!(w.started(), 4, "no more threads than the bound");
+        for _ in 0..10 {
+            tx.send(()).unwrap();
+        }
+        wait_until("the queued jobs", || done.load(Ordering::SeqCst) == 10);
+    }
+
+    #[test]
+    fn the_threads_end_when_the_last_handle_goes_after_the_queued_jobs() {
+        let w = Workers::bounded("t-close", IDLE_FOR, KEEP, 1);
+        let shared = w.shared.clone();
+        let (tx, rx) = mpsc::channel();
+        for i in 0..3 {
+            let tx = tx.clone();
+            w.run(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                tx.send(i).unwrap();
+            })
+            .map_err(|e| e.error)
+            .unwrap();
+        }
+        drop(w);
+        let got: Vec<i32> = (0..3).map(|_| rx.recv().unwrap()).collect();
+        assert_eq!(got, [0, 1, 2], "queued jobs still ran");
+        wait_until("the kept thread to end", || shared.lock().threads == 0);
     }
 
     #[test]

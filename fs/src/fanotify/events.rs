@@ -1,5 +1,5 @@
 //! The event loop: reads the group's events in batches, allows at once what is filled (and the
-//! server's own accesses), and hands every other read to a fill thread ([`super::pool`]), recorded in
+//! server's own accesses), and hands every other read to a fill thread ([`Context::hand`]), recorded in
 //! the journal first and armed with its deadline ([`super::deadline`]).
 
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
@@ -9,7 +9,8 @@ use std::sync::Arc;
 use super::area::{self, EventArea};
 use super::sys::{self, Answer, Group};
 use super::views::Views;
-use super::{deadline, encode, pool, Context, Job, Pending, POLL_MS};
+use super::{deadline, encode, Context, Job, Pending, POLL_MS};
+use crate::workers::Workers;
 
 /// Reads the next batch of events: into the journal's event area when it has one (so that a
 /// successor finds them, see [`area`]), else into `fallback`.
@@ -27,10 +28,10 @@ pub(super) fn read_batch(
 }
 
 pub(super) fn event_loop(
-    ctx: &Context,
+    ctx: &Arc<Context>,
     views: &Views,
     stop: &AtomicBool,
-    pool: &pool::Pool<Job>,
+    fills: &Workers,
     reaper: Option<&deadline::Reaper<Arc<Pending>>>,
 ) {
     let me = std::process::id();
@@ -110,9 +111,7 @@ pub(super) fn event_loop(
                 once: deadline::Once::default(),
             };
             let due = std::time::Instant::now() + ctx.fetcher.deadline;
-            if let Err(job) = pool.send(Job::armed(read, Some(fd), reaper, due)) {
-                ctx.work(job);
-            }
+            ctx.hand(fills, Job::armed(read, Some(fd), reaper, due));
         }
     }
 }

@@ -21,7 +21,8 @@
 //! **No read sees a hole.** An event is allowed only after every chunk it covers was written and
 //! verified; a fetch that fails or misses the read deadline denies the read with `EIO` — and a fill
 //! blocked in its store past the deadline has its read denied by a reaper meanwhile ([`deadline`]);
-//! fill threads are started while all are busy, so a hung blob holds up no other ([`pool`]). The server's
+//! fill threads are started while all are busy, up to a bound, so a hung blob holds up no other
+//! ([`crate::workers::Workers::bounded`]). The server's
 //! own accesses to a view file (see [`views`]) are the only events allowed unfilled. A write that
 //! finds the disk full asks the daemon for room first ([`Server::on_full`]: it deletes the view files
 //! no mounted layer reads) and is tried once more; only then is the read denied.
@@ -46,7 +47,6 @@ pub mod area;
 mod events;
 pub mod evict;
 pub mod pages;
-pub mod pool;
 pub mod room;
 pub mod sys;
 pub mod views;
@@ -64,6 +64,7 @@ use crate::deadline;
 use crate::fetch::{BlobHandle, FetchError, Fetcher};
 use crate::fuse::journal::{Journal, Leftover};
 use crate::metrics::Metrics;
+use crate::workers::Workers;
 use area::EventArea;
 use sys::{Answer, Group};
 use views::{FillError, ViewFile, Views};
@@ -76,9 +77,11 @@ pub const JOURNAL: &str = "fanotify-journal";
 const JOURNAL_SLOTS: usize = 1024;
 /// Threads filling ranges, kept (each waits on fetches; a local store keeps few busy).
 const WORKERS: usize = 16;
-/// Threads filling ranges at most: more are started while all are busy ([`pool`]), up to half what
-/// the journal records.
+/// Threads filling ranges at most: more are started while all are busy, up to half what the journal
+/// records ([`Workers::bounded`]).
 const MAX_WORKERS: usize = JOURNAL_SLOTS / 2;
+/// How long a fill thread started for a burst waits for more before it ends.
+const FILL_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
 /// Chunks filled ahead of a sequential reader's miss (the blob server's read-ahead, `fetch::READ_AHEAD`).
 const READ_AHEAD: usize = crate::fetch::READ_AHEAD;
 /// How often the event loop looks at its stop flag.
@@ -116,7 +119,7 @@ struct Pending {
     once: deadline::Once,
 }
 
-/// A read to fill, then answer, on a fill thread ([`pool`]).
+/// A read to fill, then answer, on a fill thread ([`Context::hand`]).
 struct Job {
     read: Arc<Pending>,
     /// Holds the event's number until after the answer, so that it cannot go to another event
@@ -324,18 +327,15 @@ impl Server {
     /// [`Server::stop`]. Every blob whose view file may be read must have been opened ([`Server::view`])
     /// before: events for files the server does not know are denied.
     pub fn run(&self) {
-        let ctx = self.context();
-        let pool = pool::Pool::new("fan-fill", WORKERS, MAX_WORKERS, move |job| ctx.work(job));
+        let ctx = Arc::new(self.context());
+        let fills = Workers::bounded("fan-fill", FILL_IDLE, WORKERS, MAX_WORKERS);
         let late = self.context();
         let reaper = deadline::Reaper::new("fan-deadline", move |l| late.late(l))
             .map_err(|e| tracing::error!(error = %e, "no deadline thread: a read whose store blocks waits for it"))
             .ok();
         let due = std::time::Instant::now() + self.fetcher.deadline;
         for (read, hold) in self.leftover_reads() {
-            let job = Job::armed(read, hold, reaper.as_ref(), due);
-            if let Err(job) = pool.send(job) {
-                self.context().work(job);
-            }
+            ctx.hand(&fills, Job::armed(read, hold, reaper.as_ref(), due));
         }
         let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         let (stop, views) = (self.stop.clone(), self.views.clone());
@@ -348,12 +348,11 @@ impl Server {
                 tracing::error!(error = %e, "cannot start the view files' page dropper: read data stays cached twice")
             }
         }
-        let ctx = self.context();
         let stop = self.stop.clone();
         let views = self.views.clone();
         match std::thread::Builder::new()
             .name("fan-events".into())
-            .spawn(move || events::event_loop(&ctx, &views, &stop, &pool, reaper.as_ref()))
+            .spawn(move || events::event_loop(&ctx, &views, &stop, &fills, reaper.as_ref()))
         {
             Ok(t) => threads.push(t),
             Err(e) => tracing::error!(error = %e, "cannot start the fanotify event loop"),
@@ -576,6 +575,12 @@ impl Context {
                 Answer::Deny(libc::EIO)
             }
         }
+    }
+
+    /// Hands `job` to a fill thread (here, if none can be started).
+    fn hand(self: &Arc<Self>, fills: &Workers, job: Job) {
+        let ctx = self.clone();
+        fills.run_or_here(move || ctx.work(job));
     }
 
     /// Fills a job's range and answers it, unless the reaper denied it while it waited for a thread.

@@ -431,7 +431,11 @@ impl ViewFile {
         let _punch = self.punch.read().unwrap_or_else(|p| p.into_inner());
         match &bytes {
             ChunkBytes::Memory(b) => self.write_chunk(i, b)?,
-            _ => self.copy_chunk(i, |buf| bytes.read_at(buf, 0))?,
+            _ => {
+                let mut buf = vec![0u8; self.blob.toc.chunks[i].len as usize];
+                bytes.read_at(&mut buf, 0)?;
+                self.write_chunk(i, &buf)?
+            }
         }
         self.set_filled(i);
         Ok(true)
@@ -442,32 +446,20 @@ impl ViewFile {
     /// 1 MiB chunk an allocation's page faults and a copy more.
     fn write_chunk(&self, i: usize, bytes: &[u8]) -> Result<(), FillError> {
         let c = self.blob.toc.chunks[i];
-        let (pos, len) = (c.block as u64 * BLOCK_SIZE, c.blocks() * BLOCK_SIZE);
-        let pad = (len as usize)
-            .checked_sub(bytes.len())
-            .filter(|&p| p < ZEROS.len() && bytes.len() == c.len as usize)
-            .ok_or_else(|| FillError::Io {
+        if bytes.len() != c.len as usize {
+            return Err(FillError::Io {
                 path: self.path.clone(),
                 source: io::Error::new(io::ErrorKind::InvalidInput, "chunk of another length"),
-            })?;
+            });
+        }
+        let (pos, len) = (c.block as u64 * BLOCK_SIZE, c.blocks() * BLOCK_SIZE);
+        let end = pos + bytes.len() as u64;
         self.own(pos, len, || {
             self.write_all(bytes, pos)?;
-            self.write_all(&ZEROS[..pad], pos + bytes.len() as u64)
+            self.write_all(&ZEROS[..(pos + len - end) as usize], end)
         })?;
         self.touched.note(pos, len, true);
         Ok(())
-    }
-
-    /// [`ViewFile::write_chunk`] of a chunk not in memory: `copy` puts its bytes into a buffer of
-    /// exactly its length.
-    fn copy_chunk(
-        &self,
-        i: usize,
-        copy: impl FnOnce(&mut [u8]) -> Result<(), FetchError>,
-    ) -> Result<(), FillError> {
-        let mut buf = vec![0u8; self.blob.toc.chunks[i].len as usize];
-        copy(&mut buf)?;
-        self.write_chunk(i, &buf)
     }
 
     /// Writes the file's dirty pages to disk ([`super::pages`] drops only clean ones).
@@ -660,14 +652,11 @@ impl ViewFile {
 /// written through the page cache, then marked filled, and readers waiting to fill the chunk are woken.
 impl ChunkHome for ViewFile {
     fn take(&self, j: usize, bytes: &[u8]) -> bool {
-        let Some(c) = self.blob.toc.chunks.get(j) else {
+        if j >= self.chunks.len() {
             return false;
-        };
+        }
         if self.chunks[j].load(Ordering::Acquire) == FILLED || self.rescue(j) {
             return true;
-        }
-        if bytes.len() != c.len as usize {
-            return false;
         }
         let punch = self.punch.read().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = self.write_chunk(j, bytes) {
