@@ -202,8 +202,6 @@ pub struct Daemon {
     pub(crate) trees: Trees,
     /// `fanotify` mode's pre-content server and view files.
     pub(crate) views: Option<Arc<crate::fanotify::Server>>,
-    /// `fanotify` mode: the view files' free space kept and their reserve ([`crate::fanotify::room`]).
-    pub(crate) room: Option<crate::fanotify::room::Room>,
     /// Scrubs, one at a time (a scrub asked for while another runs answers that one's report), and the
     /// last one's report, with when it ended (`GET /v1/status`'s `scrub`).
     pub(crate) scrubs: super::single::Single<serde_json::Value>,
@@ -342,7 +340,7 @@ impl Daemon {
         };
         let views = match mode {
             MountMode::Fanotify => Some(crate::control::views::start(
-                &config.state_dir,
+                &config,
                 fan_kept,
                 fetcher.clone(),
                 metrics.clone(),
@@ -351,13 +349,6 @@ impl Daemon {
             )?),
             _ => None,
         };
-        let room = views.as_ref().map(|_| {
-            crate::fanotify::room::Room::new(
-                &config.state_dir.join("views"),
-                config.view_reserve_bytes,
-                config.view_keep_free_percent,
-            )
-        });
         let warming = Warming::new(
             store.clone(),
             table.clone(),
@@ -394,7 +385,6 @@ impl Daemon {
             trash,
             trees: Trees::new(kept),
             views,
-            room,
             scrubs: Default::default(),
         });
         // Every running sandbox's blobs are registered before the first request is read.
@@ -560,11 +550,7 @@ impl Daemon {
             "mount_modes": self.mode_report,
             "loop_devices": self.loop_devices(),
             "fuse": fuse,
-            "fanotify": self.views.as_ref().map(|v| {
-                let mut s = v.status();
-                s["room"] = self.room.as_ref().map(|r| r.status()).into();
-                s
-            }),
+            "fanotify": self.views.as_ref().map(|v| v.status()),
             "running": running,
             "fetched_unattributed": unattributed,
             "store": self.config.store,

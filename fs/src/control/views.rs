@@ -20,8 +20,10 @@ use std::sync::Arc;
 use strata_registry::digest::Digest;
 
 use crate::blobfs::BlobTable;
+use crate::control::config::Config;
 use crate::control::daemon::{Daemon, DaemonError};
 use crate::control::trees::Keeper;
+use crate::fanotify::room::Room;
 use crate::fanotify::{self, Server};
 use crate::fetch::Fetcher;
 use crate::metrics::Metrics;
@@ -52,7 +54,7 @@ pub(crate) fn take_kept(fds: Named) -> (Option<(OwnedFd, OwnedFd)>, Named) {
 
 /// Starts the server for a node in `fanotify` mode (not reading events yet), keeping a new group.
 pub(crate) fn start(
-    state_dir: &std::path::Path,
+    config: &Config,
     kept: Option<(OwnedFd, OwnedFd)>,
     fetcher: Arc<Fetcher>,
     metrics: Arc<Metrics>,
@@ -60,11 +62,18 @@ pub(crate) fn start(
     keeper: Option<&dyn Keeper>,
 ) -> Result<Arc<Server>, DaemonError> {
     let adopted = kept.is_some();
-    let dir = state_dir.join("views");
-    let server = Server::new(&dir, kept, fetcher, metrics, table).map_err(|e| DaemonError::Io {
-        path: dir.clone(),
-        source: std::io::Error::other(e),
-    })?;
+    let dir = config.state_dir.join("views");
+    let room = Room::new(
+        &dir,
+        config.view_reserve_bytes,
+        config.view_keep_free_percent,
+    );
+    let server = Server::new(&dir, kept, fetcher, metrics, table)
+        .map_err(|e| DaemonError::Io {
+            path: dir.clone(),
+            source: std::io::Error::other(e),
+        })?
+        .with_room(room);
     match (adopted, keeper) {
         (true, _) => {}
         (false, Some(k)) => {
@@ -180,6 +189,11 @@ impl Daemon {
 }
 
 impl Daemon {
+    /// The view files' room (`fanotify` mode).
+    fn room(&self) -> Option<&Room> {
+        self.views.as_ref().and_then(|s| s.room.as_ref())
+    }
+
     /// Frees room for a fill that found the view files' disk full: whether any was freed.
     fn make_room(&self) -> bool {
         let (files, bytes) = self.trim_views_to(0);
@@ -191,7 +205,7 @@ impl Daemon {
             );
             return true;
         }
-        let freed = self.room.as_ref().map_or(0, |r| r.release());
+        let freed = self.room().map_or(0, |r| r.release());
         if freed > 0 {
             tracing::warn!(
                 bytes = freed,
@@ -207,7 +221,7 @@ impl Daemon {
 
     /// Allocates the view files' reserve again if the disk has room for it.
     fn restore_reserve(&self) {
-        let Some(room) = &self.room else { return };
+        let Some(room) = self.room() else { return };
         let before = room.held();
         match room.restore() {
             Ok(held) if before == 0 && held > 0 => {
@@ -255,7 +269,7 @@ impl Daemon {
     fn bound_views(&self, grace: std::time::Duration) {
         let Some(server) = &self.views else { return };
         let mut disk = server.views.disk_bytes();
-        let bound = match &self.room {
+        let bound = match self.room() {
             Some(room) => room.bound(self.config.cache_size, disk),
             None => self.config.cache_size,
         };

@@ -170,6 +170,8 @@ pub struct Server {
     pub evicted: evict::Stats,
     /// Held by an eviction pass; [`Server::stop`] waits for it, so no punch follows a handover.
     evicting: Mutex<()>,
+    /// The view files' free space kept and their reserve ([`room`]), when the node keeps them.
+    pub room: Option<room::Room>,
 }
 
 /// Frees disk space for the view files when a fill finds their disk full: whether it freed any.
@@ -233,7 +235,14 @@ impl Server {
             failing: Arc::default(),
             evicted: evict::Stats::default(),
             evicting: Mutex::new(()),
+            room: None,
         })
+    }
+
+    /// This server with the view files' room kept as `room` says (before it is shared).
+    pub fn with_room(mut self, room: room::Room) -> Server {
+        self.room = Some(room);
+        self
     }
 
     /// The descriptors to keep for successors: `(name, descriptor)`.
@@ -395,6 +404,7 @@ impl Server {
             "views": self.views.len(),
             "kept_chunks": self.views.all().iter().map(|v| v.kept()).sum::<usize>(),
             "disk_bytes": self.views.disk_bytes(),
+            "room": self.room.as_ref().map(|r| r.status()),
         })
     }
 

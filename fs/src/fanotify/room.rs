@@ -116,8 +116,12 @@ impl Room {
     /// Allocates the reserve if it is not whole and the disk has room for it above the free space
     /// kept: the bytes it holds after.
     pub fn restore(&self) -> io::Result<u64> {
+        self.restore_on(self.disk()?)
+    }
+
+    /// [`Room::restore`] on a disk found to be `disk`.
+    fn restore_on(&self, disk: Disk) -> io::Result<u64> {
         let _one = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let disk = self.disk()?;
         let (want, held) = (self.wanted(disk), self.held());
         let keep = kept(disk.total, self.keep_free_percent);
         if held >= want || disk.avail < keep.saturating_add(want - held) {
@@ -235,13 +239,22 @@ mod tests {
         assert!(!room.path().exists());
         assert_eq!(room.release(), 0, "released twice");
         assert_eq!(room.released.load(Ordering::Relaxed), 1);
-        // A disk whose free share is all "kept" gets no reserve back.
-        let full = Room::new(&dir, 1 << 20, 50.0);
-        let d = full.disk().unwrap();
-        if d.avail < d.total / 2 + (1 << 20) {
-            assert_eq!(full.restore().unwrap(), 0);
-            assert!(!full.path().exists());
-        }
+        // A disk without room for the reserve above the share kept free gets none back, whatever
+        // the test's own disk has: 1 MiB more than the 5 % kept is needed.
+        let total = room.disk().unwrap().total;
+        let kept = kept(total, 5.0);
+        let tight = Room::new(&dir, 1 << 20, 5.0);
+        assert_eq!(
+            tight.restore_on(disk(total, kept + (1 << 20) - 1)).unwrap(),
+            0
+        );
+        assert!(!tight.path().exists());
+        assert_eq!(
+            tight.restore_on(disk(total, kept + (1 << 20))).unwrap(),
+            1 << 20
+        );
+        assert!(tight.path().exists());
+        assert_eq!(tight.release(), 1 << 20);
         assert_eq!(room.restore().unwrap(), 1 << 20);
     }
 }
