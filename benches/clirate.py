@@ -5,7 +5,9 @@ processes with each build and N creations through the control socket (from this 
 and state (a create's fsync and ext4's inode allocation vary several-fold from round to round here, so
 only same-round ratios mean much).
 
-usage: sudo benches/clirate.py OLD_DIR NEW_DIR [--n 200] [--rounds 4] [--on-root]
+usage: sudo benches/clirate.py OLD_DIR NEW_DIR [--n 200] [--rounds 4] [--on-root] [--pool N]
+
+--pool N starts the daemon with `--sandbox-pool N` (sandboxes made ahead; compare with a run without).
 
 The daemon's state lives on a fresh ext4 file system (a 4 GiB sparse image on a loop device, made for
 the run, with ext4's defaults: a journal) unless --on-root, which keeps it in /var/tmp: this machine's
@@ -28,6 +30,7 @@ def main():
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--on-root", action="store_true")
+    ap.add_argument("--pool", type=int, default=0)
     a = ap.parse_args()
     top = tempfile.mkdtemp(prefix="strata-clirate-", dir="/var/tmp")
     work = top
@@ -52,7 +55,7 @@ def run(a, work):
     shutil.copy("/bin/busybox", f"{root}/bin/busybox")
     subprocess.run([BIN["strata"], "--store", store, "build", root, "-t", "density:v1"], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    d = Daemon(store, work=work, quiet=True)
+    d = Daemon(store, work=work, quiet=True, args=("--sandbox-pool", str(a.pool)) if a.pool else ())
     rates = {"old": [], "new": [], "socket": []}
     try:
         phases = [("old", a.old), ("new", a.new), ("socket", None)]

@@ -121,6 +121,10 @@ struct Args {
     /// data grows; 0: cache_size alone bounds them [default: 5].
     #[arg(long, value_name = "PERCENT")]
     view_keep_free: Option<f64>,
+    /// Sandboxes kept made ahead (directories made, overlay mounted) for each image that has running
+    /// sandboxes, so that a create takes one instead of making it; 0: none [default: 0].
+    #[arg(long, value_name = "N")]
+    sandbox_pool: Option<usize>,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -222,6 +226,9 @@ fn load(args: &Args) -> Result<Config> {
     }
     if let Some(p) = args.view_keep_free {
         c.view_keep_free_percent = p;
+    }
+    if let Some(n) = args.sandbox_pool {
+        c.sandbox_pool = n;
     }
     if let Some(t) = args.record_plans {
         c.record_plans_secs = t;

@@ -202,6 +202,8 @@ pub struct Daemon {
     pub(crate) trees: Trees,
     /// `fanotify` mode's pre-content server and view files.
     pub(crate) views: Option<Arc<crate::fanotify::Server>>,
+    /// Sandboxes made ahead ([`crate::control::pool`]).
+    pub(crate) pool: crate::control::pool::Pool,
     /// Scrubs, one at a time (a scrub asked for while another runs answers that one's report), and the
     /// last one's report, with when it ended (`GET /v1/status`'s `scrub`).
     pub(crate) scrubs: super::single::Single<serde_json::Value>,
@@ -358,6 +360,7 @@ impl Daemon {
                 .then(|| Duration::from_secs_f64(config.record_plans_secs.min(86_400.0))),
         );
         let config_loop_dio = config.loop_direct_io;
+        let config_pool = config.sandbox_pool;
         let trash = crate::control::teardown::Trash::new(
             [&config.state_dir, &config.runtime_dir]
                 .iter()
@@ -385,6 +388,7 @@ impl Daemon {
             trash,
             trees: Trees::new(kept),
             views,
+            pool: crate::control::pool::Pool::new(config_pool),
             scrubs: Default::default(),
         });
         // Every running sandbox's blobs are registered before the first request is read.
@@ -396,6 +400,7 @@ impl Daemon {
         d.start_flushing();
         d.start_scrubbing();
         d.start_evicting();
+        d.start_pool();
         Ok(d)
     }
 
@@ -551,6 +556,7 @@ impl Daemon {
             "loop_devices": self.loop_devices(),
             "fuse": fuse,
             "fanotify": self.views.as_ref().map(|v| v.status()),
+            "pool": self.pool.on().then(|| self.pool.status()),
             "running": running,
             "fetched_unattributed": unattributed,
             "store": self.config.store,
@@ -630,6 +636,7 @@ impl Daemon {
         for id in ids {
             let _ = self.remove_sandbox(&id);
         }
+        self.drain_pool();
         let layers: Vec<PathBuf> = self.lock().layers.drain().map(|(_, l)| l.path).collect();
         for p in layers {
             let _ = mount::unmount(&p, true);

@@ -29,6 +29,7 @@ pub mod layers;
 pub mod loops;
 pub mod modes;
 pub mod perms;
+pub mod pool;
 pub mod sandboxes;
 pub mod single;
 pub mod state;

@@ -91,7 +91,7 @@ fn is_mount(dir: &Path) -> bool {
 }
 
 /// Gives directory `dir` the owner, permissions and modification time of directory `from`.
-fn root_attrs(from: &Path, dir: &Path) -> std::io::Result<()> {
+pub(crate) fn root_attrs(from: &Path, dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(from)?;
     std::os::unix::fs::chown(dir, Some(m.uid()), Some(m.gid()))?;
@@ -150,6 +150,18 @@ impl Daemon {
         }
         // The plan's lookup overlaps the layers' fetch and mount.
         self.warming.sandbox_requested(&manifest);
+        let fresh = prior.is_none() && dir.is_none() && !upper.exists();
+        if fresh && self.pool.on() {
+            if let Some(sb) = self.create_from_pool(image, id, manifest, &m)? {
+                tracing::info!(
+                    sandbox = id,
+                    image,
+                    ms = started.elapsed().as_millis() as u64,
+                    "sandbox created (made ahead)"
+                );
+                return Ok(sb);
+            }
+        }
         let (mut lowers, acquired, image_bytes) = self.acquire_layers(&m.layers)?;
         let rootfs = self
             .config
@@ -189,6 +201,7 @@ impl Daemon {
         let mut sb = sb;
         sb.root = state::root_key(&sb.rootfs);
         self.lock().sandboxes.insert(id.to_string(), sb.clone());
+        self.pool.want(manifest, &m);
         tracing::info!(
             sandbox = id,
             image,
@@ -196,6 +209,56 @@ impl Daemon {
             "sandbox created"
         );
         Ok(sb)
+    }
+
+    /// A sandbox of `manifest` for `id` made ahead ([`crate::control::pool`]), recorded and running;
+    /// `None` when none was ready.
+    fn create_from_pool(
+        &self,
+        image: &str,
+        id: &str,
+        manifest: Digest,
+        m: &std::sync::Arc<strata_registry::model::Manifest>,
+    ) -> Result<Option<Sandbox>, DaemonError> {
+        let Some(taken) = self.take_ready(&manifest, id) else {
+            return Ok(None);
+        };
+        let base = self.config.state_dir.join("sandboxes").join(id);
+        let mut sb = Sandbox {
+            id: id.to_string(),
+            image: image.to_string(),
+            manifest,
+            layers: taken.layers,
+            rootfs: self
+                .config
+                .runtime_dir
+                .join("sandboxes")
+                .join(id)
+                .join("rootfs"),
+            upper: base.join("upper"),
+            work: base.join("work"),
+            created: crate::control::state::unix_now(),
+            image_bytes: taken.image_bytes,
+            state: SandboxState::Running,
+            config: m.config.clone(),
+            vm: None,
+            charged: Default::default(),
+            root: None,
+        };
+        if let Err(e) = self.node.save_sandbox(&sb) {
+            // Not recorded: undone as a stop would.
+            let _ = mount::unmount(&sb.rootfs, true);
+            if let Some(dir) = sb.rootfs.parent() {
+                let _ = self.trash.discard(dir);
+            }
+            let _ = self.delete_dirs(&sb.upper, &sb.work);
+            self.release_all(&sb.layers);
+            return Err(e.into());
+        }
+        sb.root = state::root_key(&sb.rootfs);
+        self.lock().sandboxes.insert(id.to_string(), sb.clone());
+        self.pool.want(manifest, m);
+        Ok(Some(sb))
     }
 
     /// Makes the sandbox's directories, records it, mounts its overlay.
@@ -285,6 +348,7 @@ impl Daemon {
                 }
             }
             self.release_all(&sb.layers);
+            self.pool.stopped(sb.manifest);
         }
         Ok(sb)
     }
@@ -395,6 +459,7 @@ impl Daemon {
             .cloned()
             .collect();
         detach(stray, "detaching a mount no sandbox uses");
+        self.clear_pool();
         let n = st.sandboxes.len();
         tracing::info!(
             sandboxes = n,

@@ -1,0 +1,115 @@
+//! Sandboxes made ahead (`stratad --sandbox-pool N`, `fs/src/control/pool.rs`), for real: a create
+//! takes one (its directories where a sandbox's belong, the image's files, its own writes), the pool
+//! is topped up again, a server that starts afresh leaves none of an earlier one's behind, and the
+//! last sandbox's removal takes them with it so that the layer goes too.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use strata_tests::*;
+
+/// Waits up to 20 s for `ok` on the daemon's status.
+fn until(d: &Daemon, what: &str, ok: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = json(&d.ok(&["daemon", "status"]));
+        if ok(&s) {
+            return s;
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Ready sandboxes of any image.
+fn ready(s: &serde_json::Value) -> u64 {
+    s["pool"]["ready"]
+        .as_object()
+        .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum())
+}
+
+/// Mount points below `dir`.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let dir = dir.to_string_lossy().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|p| p.starts_with(&dir))
+        .collect()
+}
+
+#[test]
+fn creates_take_sandboxes_made_ahead_and_the_last_removal_takes_the_rest() {
+    if !have(&[Need::Mount, Need::Bwrap]) {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    build_image(&store, "bb:v1", &[("blob.bin", random_bytes(1 << 20, 7))]);
+    let mut d = Daemon::start(&store, &["--sandbox-pool", "2"]);
+    let pool_run = d.runtime.join("sandboxes/.pool");
+    let pool_state = d.state.path().join("sandboxes/.pool");
+
+    // The first sandbox is made as always; then two more are made ahead.
+    d.ok(&["mount", "bb:v1", "--sandbox", "a"]);
+    until(&d, "two made ahead", |s| ready(s) == 2);
+    assert_eq!(mounts_under(&pool_run).len(), 2);
+
+    // The next create takes one: where a sandbox's directories belong, with the image's files.
+    let rb = d.ok(&["mount", "bb:v1", "--sandbox", "b"]);
+    assert_eq!(Path::new(&rb), d.runtime.join("sandboxes/b/rootfs"));
+    let o = bwrap(Path::new(&rb), &["/bin/cat", "/etc/os-release"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ID=strata-test\n");
+    let o = bwrap(Path::new(&rb), &["/bin/sh", "-c", "echo mine > /root/new"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let upper = d.state.path().join("sandboxes/b/upper");
+    assert_eq!(
+        std::fs::read_to_string(upper.join("root/new")).expect("written in b's upper"),
+        "mine\n"
+    );
+    let ps = json(&d.ok(&["ps", "--json"]));
+    let b = ps["sandboxes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["id"] == "b"))
+        .cloned()
+        .expect("b listed");
+    assert_eq!(b["upper"].as_str(), upper.to_str());
+    assert_eq!(b["state"], "running");
+    assert_eq!(ps["sandboxes"].as_array().map(Vec::len), Some(2), "{ps}");
+    let ra = d.runtime.join("sandboxes/a/rootfs");
+    assert!(!ra.join("root/new").exists(), "b's write showed in a");
+    // And it was replaced.
+    until(&d, "the pool topped up", |s| ready(s) == 2);
+
+    // A successor of a killed server detaches and deletes what the dead one made ahead, keeps its
+    // sandboxes running, and makes its own once asked for one.
+    d.kill_server();
+    let s = until(&d, "the successor", |s| s["pool"]["size"] == 2);
+    assert_eq!(ready(&s), 0, "{s}");
+    assert_eq!(s["running"].as_u64(), Some(2), "{s}");
+    assert!(mounts_under(&pool_run).is_empty());
+    let o = bwrap(Path::new(&rb), &["/bin/cat", "/root/new"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "mine\n");
+    d.ok(&["mount", "bb:v1", "--sandbox", "c"]);
+    until(&d, "made ahead again", |s| ready(s) == 2);
+
+    // A stop tears the node down with the ready ones.
+    let left = d.stop();
+    assert!(left.is_empty(), "a stop left mounts: {left:?}");
+    d.start_again(&["--sandbox-pool", "2"]);
+    d.ok(&["mount", "bb:v1", "--sandbox", "c", "--resume"]);
+    until(&d, "made ahead after the stop", |s| ready(s) == 2);
+
+    // Removing the last sandbox of the image takes the ready ones with it, and then the layer goes.
+    d.ok(&["rm", "a", "b", "c"]);
+    let s = until(&d, "the pool drained", |s| {
+        ready(s) == 0 && s["layers"].as_array().is_some_and(Vec::is_empty)
+    });
+    assert!(mounts_under(&pool_run).is_empty(), "{s}");
+    let end = Instant::now() + Duration::from_secs(10);
+    while pool_state.read_dir().is_ok_and(|mut r| r.next().is_some()) {
+        assert!(Instant::now() < end, "ready sandboxes' directories left");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
