@@ -172,7 +172,9 @@ impl Daemon {
         if let Err(e) = mount::unmount(&rootfs, true) {
             tracing::warn!(error = %e, path = %rootfs.display(), "unmounting a ready sandbox");
         }
-        for d in [state, run] {
+        // Never deleted through a mount (that would whiteout the image in its upper directory).
+        let run = (!crate::control::sandboxes::is_mount(&rootfs)).then_some(run);
+        for d in std::iter::once(state).chain(run) {
             if let Err(e) = self.trash.discard(d) {
                 tracing::warn!(error = %e, path = %d.display(), "deleting a ready sandbox");
             }

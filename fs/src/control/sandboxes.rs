@@ -81,7 +81,7 @@ pub(crate) fn leftovers(
 }
 
 /// Whether `dir` is a mount point (its device differs from its parent's).
-fn is_mount(dir: &Path) -> bool {
+pub(crate) fn is_mount(dir: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let dev = |p: &Path| std::fs::symlink_metadata(p).map(|m| m.dev()).ok();
     match (dev(dir), dir.parent().and_then(dev)) {
@@ -163,32 +163,12 @@ impl Daemon {
             }
         }
         let (mut lowers, acquired, image_bytes) = self.acquire_layers(&m.layers)?;
-        let rootfs = self
-            .config
-            .runtime_dir
-            .join("sandboxes")
-            .join(id)
-            .join("rootfs");
-        let sb = Sandbox {
-            id: id.to_string(),
-            image: image.to_string(),
-            manifest,
-            layers: acquired.clone(),
-            rootfs,
-            upper,
-            work,
-            created: crate::control::state::unix_now(),
-            image_bytes,
-            state: SandboxState::Running,
-            config: m.config.clone(),
-            vm: None,
-            // A resumed sandbox goes on counting.
-            charged: match (reuse, &prior) {
-                (Reuse::Resume, Some(p)) => p.charged,
-                _ => Default::default(),
-            },
-            root: None,
-        };
+        let mut sb = self.new_record(id, image, manifest, &m, acquired.clone(), image_bytes);
+        (sb.upper, sb.work) = (upper, work);
+        // A resumed sandbox goes on counting.
+        if let (Reuse::Resume, Some(p)) = (reuse, &prior) {
+            sb.charged = p.charged;
+        }
         lowers.reverse(); // overlay wants the top layer first
         if let Err(e) = self.mount_sandbox(&sb, &lowers) {
             self.release_all(&acquired);
@@ -198,7 +178,6 @@ impl Daemon {
             }
             return Err(e);
         }
-        let mut sb = sb;
         sb.root = state::root_key(&sb.rootfs);
         self.lock().sandboxes.insert(id.to_string(), sb.clone());
         self.pool.want(manifest, &m);
@@ -209,6 +188,42 @@ impl Daemon {
             "sandbox created"
         );
         Ok(sb)
+    }
+
+    /// The record of sandbox `id` of `image` starting now on `layers`: running, in the default
+    /// directories (`state_dir/sandboxes/<id>/{upper,work}`, `runtime_dir/sandboxes/<id>/rootfs`),
+    /// nothing charged yet.
+    fn new_record(
+        &self,
+        id: &str,
+        image: &str,
+        manifest: Digest,
+        m: &strata_registry::model::Manifest,
+        layers: Vec<Digest>,
+        image_bytes: u64,
+    ) -> Sandbox {
+        let base = self.config.state_dir.join("sandboxes").join(id);
+        Sandbox {
+            id: id.to_string(),
+            image: image.to_string(),
+            manifest,
+            layers,
+            rootfs: self
+                .config
+                .runtime_dir
+                .join("sandboxes")
+                .join(id)
+                .join("rootfs"),
+            upper: base.join("upper"),
+            work: base.join("work"),
+            created: crate::control::state::unix_now(),
+            image_bytes,
+            state: SandboxState::Running,
+            config: m.config.clone(),
+            vm: None,
+            charged: Default::default(),
+            root: None,
+        }
     }
 
     /// A sandbox of `manifest` for `id` made ahead ([`crate::control::pool`]), recorded and running;
@@ -223,32 +238,11 @@ impl Daemon {
         let Some(taken) = self.take_ready(&manifest, id) else {
             return Ok(None);
         };
-        let base = self.config.state_dir.join("sandboxes").join(id);
-        let mut sb = Sandbox {
-            id: id.to_string(),
-            image: image.to_string(),
-            manifest,
-            layers: taken.layers,
-            rootfs: self
-                .config
-                .runtime_dir
-                .join("sandboxes")
-                .join(id)
-                .join("rootfs"),
-            upper: base.join("upper"),
-            work: base.join("work"),
-            created: crate::control::state::unix_now(),
-            image_bytes: taken.image_bytes,
-            state: SandboxState::Running,
-            config: m.config.clone(),
-            vm: None,
-            charged: Default::default(),
-            root: None,
-        };
+        let mut sb = self.new_record(id, image, manifest, m, taken.layers, taken.image_bytes);
         if let Err(e) = self.node.save_sandbox(&sb) {
             // Not recorded: undone as a stop would.
             let _ = mount::unmount(&sb.rootfs, true);
-            if let Some(dir) = sb.rootfs.parent() {
+            if let Some(dir) = sb.rootfs.parent().filter(|_| !is_mount(&sb.rootfs)) {
                 let _ = self.trash.discard(dir);
             }
             let _ = self.delete_dirs(&sb.upper, &sb.work);
