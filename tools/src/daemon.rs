@@ -544,6 +544,19 @@ mod tests {
             serde_json::to_value(&d).unwrap(),
             "dist/stratad.toml must state the defaults"
         );
+        // And name every option, set or commented out.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let serde_json::Value::Object(keys) = serde_json::to_value(&d).unwrap() else {
+            panic!("the config is a table")
+        };
+        for k in keys.keys() {
+            let named = text.lines().any(|l| {
+                let l = l.trim_start_matches(['#', ' ']);
+                l.strip_prefix(k.as_str())
+                    .is_some_and(|rest| rest.trim_start().starts_with('='))
+            });
+            assert!(named, "dist/stratad.toml does not name {k}");
+        }
     }
 
     #[test]
