@@ -82,6 +82,38 @@ fn creates_take_sandboxes_made_ahead_and_the_last_removal_takes_the_rest() {
     // And it was replaced.
     until(&d, "the pool topped up", |s| ready(s) == 2);
 
+    // Eight creates at once: some take ready ones, the rest are made; each its own.
+    let roots: Vec<String> = std::thread::scope(|t| {
+        let d = &d;
+        let made: Vec<_> = (0..8)
+            .map(|i| t.spawn(move || d.ok(&["mount", "bb:v1", "--sandbox", &format!("p{i}")])))
+            .collect();
+        made.into_iter()
+            .map(|h| h.join().expect("create"))
+            .collect()
+    });
+    for (i, r) in roots.iter().enumerate() {
+        let o = bwrap(
+            Path::new(r),
+            &[
+                "/bin/sh",
+                "-c",
+                &format!("echo {i} > /root/me && cat /etc/os-release"),
+            ],
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            "ID=strata-test\n",
+            "p{i}"
+        );
+    }
+    for (i, r) in roots.iter().enumerate() {
+        let me = std::fs::read_to_string(Path::new(r).join("root/me")).expect("own file");
+        assert_eq!(me.trim(), i.to_string(), "p{i} saw another sandbox's write");
+    }
+    d.ok(&["rm", "p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7"]);
+    until(&d, "the pool topped up after the eight", |s| ready(s) == 2);
+
     // A successor of a killed server detaches and deletes what the dead one made ahead, keeps its
     // sandboxes running, and makes its own once asked for one.
     d.kill_server();
