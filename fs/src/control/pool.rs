@@ -12,8 +12,9 @@
 //! filesystems, so a rename), its record is written, and the thread makes the next one.
 //!
 //! **Nothing ready outlives the need.** When an image's last running sandbox stops, its ready ones
-//! are unmounted and deleted and their layers released (the thread is told at each stop), so a layer
-//! still goes when its last sandbox does — a moment later. A pool sandbox is never recorded: a server
+//! are unmounted and deleted and their layers released by that stop, so a layer still goes when its
+//! last sandbox does. One the thread is making meanwhile is thrown away when it is done (it checks,
+//! under the pool's lock, that the image still runs before it keeps one). A pool sandbox is never recorded: a server
 //! that starts (after a crash, a restart or an upgrade) detaches every mount under `runtime_dir` that no
 //! record names, and deletes both `.pool` directories ([`Daemon::clear_pool`]).
 //!
@@ -21,7 +22,7 @@
 //! leftovers (resume or fresh), or a microVM: those are made as before. The overlay's mount options
 //! keep naming the pool's upper directory (`/proc/mounts`); the record names the right one.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -46,10 +47,8 @@ struct Ready {
 #[derive(Default)]
 struct State {
     ready: HashMap<Digest, Vec<Ready>>,
-    /// Images to top up or drain, with their manifests (latest request last, each once).
+    /// Images to top up, with their manifests, in the order asked (each once).
     wanted: VecDeque<(Digest, Arc<Manifest>)>,
-    /// Images told to drain since the thread last looked.
-    stopped: HashSet<Digest>,
     next_slot: u64,
     closed: bool,
 }
@@ -96,15 +95,6 @@ impl Pool {
         st.wanted.retain(|(d, _)| *d != manifest);
         st.wanted.push_back((manifest, m.clone()));
         drop(st);
-        self.wake.notify_one();
-    }
-
-    /// Tells the thread a sandbox of `manifest` stopped: if it was the last, drain.
-    pub(crate) fn stopped(&self, manifest: Digest) {
-        if !self.on() {
-            return;
-        }
-        self.lock().stopped.insert(manifest);
         self.wake.notify_one();
     }
 
@@ -235,9 +225,10 @@ impl Daemon {
             .any(|s| s.manifest == *manifest && s.state == SandboxState::Running && s.vm.is_none())
     }
 
-    /// Drains the ready sandboxes of `manifest` if none of its sandboxes runs any more.
-    fn drain_if_idle(&self, manifest: &Digest) {
-        if self.runs(manifest) {
+    /// Drains the ready sandboxes of `manifest` if none of its sandboxes runs any more (called by
+    /// each stop, so that the layers go with the last sandbox).
+    pub(crate) fn drain_if_idle(&self, manifest: &Digest) {
+        if !self.pool.on() || self.runs(manifest) {
             return;
         }
         let gone = self.pool.lock().ready.remove(manifest).unwrap_or_default();
@@ -248,24 +239,32 @@ impl Daemon {
     }
 
     /// Tops `manifest`'s ready sandboxes up to the pool's size while it has running ones. Returns
-    /// whether it stopped early for a stop to handle (the image is then to be topped up again).
+    /// whether it stopped early for another image waiting (this one is then to be topped up again).
     fn top_up(&self, manifest: &Digest, m: &Manifest) -> bool {
         loop {
             let have = self.pool.lock().ready.get(manifest).map_or(0, Vec::len);
             if have >= self.pool.size || !self.runs(manifest) {
                 return false;
             }
-            match self.make_ready(m) {
-                Ok(r) => {
-                    let mut st = self.pool.lock();
-                    st.ready.entry(*manifest).or_default().push(r);
-                }
+            let r = match self.make_ready(m) {
+                Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(manifest = %manifest, error = %e, "a sandbox could not be made ahead");
                     return false;
                 }
+            };
+            // Kept only while the image runs, checked under the pool's lock: a stop that drained the
+            // image meanwhile marked its last sandbox stopped first, so either this sees it, or the
+            // drain (which takes the lock after) takes this one too.
+            let mut st = self.pool.lock();
+            if !self.runs(manifest) {
+                drop(st);
+                let (state, run) = self.slot_dirs(r.slot);
+                self.discard_ready(r, &state, &run);
+                return false;
             }
-            if !self.pool.lock().stopped.is_empty() {
+            st.ready.entry(*manifest).or_default().push(r);
+            if !st.wanted.is_empty() {
                 return true;
             }
         }
@@ -315,8 +314,8 @@ impl Daemon {
     }
 }
 
-/// The pool's thread: drains images whose last sandbox stopped, tops up those asked for; ends with
-/// the daemon.
+/// The pool's thread: tops up the images asked for, one sandbox at a time each while several wait;
+/// ends with the daemon.
 fn pool_thread(daemon: std::sync::Weak<Daemon>) {
     loop {
         let Some(d) = daemon.upgrade() else { return };
@@ -326,10 +325,10 @@ fn pool_thread(daemon: std::sync::Weak<Daemon>) {
                 if st.closed || d.metrics.attribution.is_retired() {
                     return;
                 }
-                if !st.stopped.is_empty() || !st.wanted.is_empty() {
-                    break (std::mem::take(&mut st.stopped), st.wanted.pop_back());
+                if let Some(w) = st.wanted.pop_front() {
+                    break w;
                 }
-                // Woken by a request or a stop; the timeout lets a daemon that went away end this.
+                // Woken by a request; the timeout lets a daemon that went away end this.
                 st = d
                     .pool
                     .wake
@@ -338,15 +337,10 @@ fn pool_thread(daemon: std::sync::Weak<Daemon>) {
                     .0;
             }
         };
-        let (stopped, wanted) = work;
-        for m in &stopped {
-            d.drain_if_idle(m);
-        }
-        if let Some((manifest, m)) = wanted {
-            if d.top_up(&manifest, &m) {
-                // Interrupted by a stop: back in line, after it.
-                d.pool.want(manifest, &m);
-            }
+        let (manifest, m) = work;
+        if d.top_up(&manifest, &m) {
+            // Others wait: back in line, after them.
+            d.pool.want(manifest, &m);
         }
     }
 }

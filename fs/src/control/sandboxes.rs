@@ -342,7 +342,7 @@ impl Daemon {
                 }
             }
             self.release_all(&sb.layers);
-            self.pool.stopped(sb.manifest);
+            self.drain_if_idle(&sb.manifest);
         }
         Ok(sb)
     }
