@@ -77,20 +77,15 @@ def remove_all(d):
 def kernel_burst(meta, devs, mnt, top, n):
     """The peer: one kernel EROFS mount, then N threads each with its own overlay over it."""
     for i in range(n):
-        for sub in ("u", "w", "m"):
-            os.makedirs(f"{top}/{i}/{sub}")
+        cs.overlay_dirs(f"{top}/{i}")
     cs.drop_caches()
     t = time.perf_counter()
     cs.mount_erofs(meta, devs, mnt)
     mounted = time.perf_counter() - t
     try:
         def one(i):
-            o = f"{top}/{i}"
-            cs.sh(f"mount -t overlay overlay -o lowerdir={mnt},upperdir={o}/u,workdir={o}/w {o}/m")
-            try:
-                cs.timed(cs.bwrap(f"{o}/m", cs.IMPORT))
-            finally:
-                cs.umount(f"{o}/m")
+            with cs.overlay(mnt, f"{top}/{i}") as root:
+                cs.timed(cs.bwrap(root, cs.IMPORT))
         span, own = together(n, one)
         return mounted + span, own
     finally:

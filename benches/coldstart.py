@@ -49,7 +49,7 @@ compares two builds of the fat tree in one run, "fat:v1,fat:v1 --max-fetch-span 
 rows and summaries carry the item as `image`). WORKLOAD (a shell command run instead of the import, e.g.
 "gcc --version && python3 -c 'import scipy.optimize'").
 """
-import argparse, ctypes, email.utils, http.server, urllib.parse, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time
+import argparse, contextlib, ctypes, email.utils, http.server, urllib.parse, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time
 
 import stratad
 from stratad import BIN, call
@@ -346,21 +346,34 @@ def import_on_overlay(meta, devs, mnt, ov):
     """The cold import in a rootfs like a sandbox's: an overlay (empty upper) over the kernel EROFS mount,
     page cache dropped first, both mounts timed with it. A sandbox rootfs is always an overlay, so this
     tells the overlay's share of strata's time from the data path's."""
-    for sub in ("u", "w", "m"):
-        shutil.rmtree(f"{ov}/{sub}", ignore_errors=True)
-        os.makedirs(f"{ov}/{sub}")
+    overlay_dirs(ov)
     drop_caches()
     t = time.perf_counter()
     mount_erofs(meta, devs, mnt)
     try:
-        sh(f"mount -t overlay overlay -o lowerdir={mnt},upperdir={ov}/u,workdir={ov}/w {ov}/m")
-        try:
-            timed(bwrap(f"{ov}/m", IMPORT))
+        with overlay(mnt, ov) as root:
+            timed(bwrap(root, IMPORT))
             return time.perf_counter() - t
-        finally:
-            umount(f"{ov}/m")
     finally:
         umount(mnt)
+
+
+def overlay_dirs(d):
+    """Empty upper, work and mount-point directories (`d`/u, w, m) for [`overlay`]."""
+    for sub in ("u", "w", "m"):
+        shutil.rmtree(f"{d}/{sub}", ignore_errors=True)
+        os.makedirs(f"{d}/{sub}")
+
+
+@contextlib.contextmanager
+def overlay(lower, d):
+    """An overlay of `lower` with the empty upper directory of `d` (see `overlay_dirs`), mounted at
+    `d`/m while the block runs: a sandbox's rootfs over the kernel's mount."""
+    sh(f"mount -t overlay overlay -o lowerdir={lower},upperdir={d}/u,workdir={d}/w {d}/m")
+    try:
+        yield f"{d}/m"
+    finally:
+        umount(f"{d}/m")
 
 
 # ---------------------------------------------------------------- stat walk
@@ -397,16 +410,11 @@ def bench_stat(runs):
             try:
                 drop_caches()
                 ref, n2 = walk(mnt)
-                for sub in ("u", "w", "m"):
-                    shutil.rmtree(f"{ov}/{sub}", ignore_errors=True)
-                    os.makedirs(f"{ov}/{sub}")
-                sh(f"mount -t overlay overlay -o lowerdir={mnt},upperdir={ov}/u,workdir={ov}/w {ov}/m")
-                try:
+                overlay_dirs(ov)
+                with overlay(mnt, ov) as root:
                     busy3 = wait_quiet()
                     drop_caches()
-                    ref_ov, _ = walk(f"{ov}/m")
-                finally:
-                    umount(f"{ov}/m")
+                    ref_ov, _ = walk(root)
             finally:
                 umount(mnt)
             for image, strata, n1, busy in got:

@@ -53,7 +53,6 @@ struct State {
     /// Images to top up, with their manifests, in the order asked (each once).
     wanted: VecDeque<(Digest, Arc<Manifest>)>,
     next_slot: u64,
-    closed: bool,
 }
 
 /// The sandboxes made ahead, per manifest (see the module documentation).
@@ -118,13 +117,6 @@ impl Pool {
     }
 }
 
-impl Drop for Pool {
-    fn drop(&mut self) {
-        self.lock().closed = true;
-        self.wake.notify_all();
-    }
-}
-
 impl Daemon {
     /// Slot `slot`'s directories: `(state side, runtime side)`.
     fn slot_dirs(&self, slot: u64) -> (PathBuf, PathBuf) {
@@ -161,6 +153,12 @@ impl Daemon {
     /// Unmounts and deletes a ready sandbox whose directories are `state` and `run`, and releases its
     /// layers.
     fn discard_ready(&self, r: Ready, state: &Path, run: &Path) {
+        self.discard_made(&r.layers, state, run);
+    }
+
+    /// Unmounts and deletes a sandbox made but not recorded — its directories `state` (holding
+    /// `upper/` and `work/`) and `run` (holding `rootfs/`) — and releases its `layers`.
+    pub(crate) fn discard_made(&self, layers: &[Digest], state: &Path, run: &Path) {
         let rootfs = run.join("rootfs");
         if let Err(e) = mount::unmount(&rootfs, true) {
             tracing::warn!(error = %e, path = %rootfs.display(), "unmounting a ready sandbox");
@@ -172,7 +170,7 @@ impl Daemon {
                 tracing::warn!(error = %e, path = %d.display(), "deleting a ready sandbox");
             }
         }
-        for l in &r.layers {
+        for l in layers {
             self.release_layer(l);
         }
     }
@@ -325,7 +323,7 @@ fn pool_thread(daemon: std::sync::Weak<Daemon>) {
         let work = {
             let mut st = d.pool.lock();
             loop {
-                if st.closed || d.metrics.attribution.is_retired() {
+                if d.metrics.attribution.is_retired() {
                     return;
                 }
                 if let Some(w) = st.wanted.pop_front() {

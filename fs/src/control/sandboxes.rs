@@ -134,7 +134,8 @@ impl Daemon {
                 "sandbox {id} is a microVM: resume it with `strata vm --resume`"
             )));
         }
-        match leftovers(id, image, &manifest, prior.as_ref(), upper.exists(), reuse)? {
+        let left = leftovers(id, image, &manifest, prior.as_ref(), upper.exists(), reuse)?;
+        match left {
             Leftovers::Resume => {
                 if let (Some(p), None) = (&prior, dir) {
                     (upper, work) = (p.upper.clone(), p.work.clone());
@@ -150,8 +151,7 @@ impl Daemon {
         }
         // The plan's lookup overlaps the layers' fetch and mount.
         self.warming.sandbox_requested(&manifest);
-        let fresh = prior.is_none() && dir.is_none() && !upper.exists();
-        if fresh && self.pool.on() {
+        if left == Leftovers::None && dir.is_none() && self.pool.on() {
             if let Some(sb) = self.create_from_pool(image, id, manifest, &m)? {
                 tracing::info!(
                     sandbox = id,
@@ -240,13 +240,9 @@ impl Daemon {
         };
         let mut sb = self.new_record(id, image, manifest, m, taken.layers, taken.image_bytes);
         if let Err(e) = self.node.save_sandbox(&sb) {
-            // Not recorded: undone as a stop would.
-            let _ = mount::unmount(&sb.rootfs, true);
-            if let Some(dir) = sb.rootfs.parent().filter(|_| !is_mount(&sb.rootfs)) {
-                let _ = self.trash.discard(dir);
+            if let (Some(state), Some(run)) = (sb.upper.parent(), sb.rootfs.parent()) {
+                self.discard_made(&sb.layers, state, run);
             }
-            let _ = self.delete_dirs(&sb.upper, &sb.work);
-            self.release_all(&sb.layers);
             return Err(e.into());
         }
         sb.root = state::root_key(&sb.rootfs);
