@@ -1,7 +1,8 @@
 //! Sandboxes made ahead (`stratad --sandbox-pool N`, `fs/src/control/pool.rs`), for real: a create
 //! takes one (its directories where a sandbox's belong, the image's files, its own writes), the pool
 //! is topped up again, a server that starts afresh leaves none of an earlier one's behind, and the
-//! last sandbox's removal takes them with it so that the layer goes at once too.
+//! last sandbox's removal takes them with it so that the layer goes at once too; a create whose
+//! record cannot be written fails and leaves nothing behind, made ahead or made anew.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -145,4 +146,65 @@ fn creates_take_sandboxes_made_ahead_and_the_last_removal_takes_the_rest() {
         assert!(Instant::now() < end, "ready sandboxes' directories left");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn a_create_whose_record_cannot_be_written_leaves_nothing_in_the_way() {
+    if !have(&[Need::Mount, Need::Bwrap]) {
+        return;
+    }
+    let sdir = scratch("store");
+    let store = StoreEnv::local(sdir.path());
+    build_image(&store, "bb:v1", &[("blob.bin", random_bytes(1 << 20, 8))]);
+    let mut d = Daemon::start(&store, &["--sandbox-pool", "2"]);
+    let pool_run = d.runtime.join("sandboxes/.pool");
+    d.ok(&["mount", "bb:v1", "--sandbox", "a"]);
+    until(&d, "two made ahead", |s| ready(s) == 2);
+    let refs = |s: &serde_json::Value| s["layers"][0]["refs"].as_u64();
+    let before = json(&d.ok(&["daemon", "status"]));
+
+    // A directory where x's record goes: the record's rename fails, and only it.
+    let record = d.state.path().join("node/sandboxes/x.json");
+    std::fs::create_dir_all(record.join("in-the-way")).expect("a directory in the record's place");
+    let out = d.strata(&["mount", "bb:v1", "--sandbox", "x"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the create succeeded without its record"
+    );
+    assert!(err.contains("x.json"), "the error names the record: {err}");
+
+    // The ready sandbox it took is gone whole: not mounted under x, not listed, its directories and
+    // its hold on the layer released; the pool makes another.
+    assert!(mounts_under(&d.runtime.join("sandboxes/x")).is_empty());
+    assert!(!d.state.path().join("sandboxes/x").exists());
+    let ps = json(&d.ok(&["ps", "--json"]));
+    assert_eq!(ps["sandboxes"].as_array().map(Vec::len), Some(1), "{ps}");
+    let s = until(&d, "the pool topped up", |s| ready(s) == 2);
+    assert_eq!(refs(&s), refs(&before), "{s}");
+    assert_eq!(mounts_under(&pool_run).len(), 2);
+
+    // With the way clear, the same create works.
+    std::fs::remove_dir_all(&record).expect("clear the record's place");
+    let rx = d.ok(&["mount", "bb:v1", "--sandbox", "x"]);
+    let o = bwrap(Path::new(&rx), &["/bin/cat", "/etc/os-release"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ID=strata-test\n");
+
+    // A sandbox made anew (an image with none running: none made ahead) fails the same way and
+    // leaves nothing that stops the create from being tried again.
+    build_image(&store, "cc:v1", &[("other.bin", random_bytes(1 << 16, 9))]);
+    let record = d.state.path().join("node/sandboxes/y.json");
+    std::fs::create_dir_all(record.join("in-the-way")).expect("a directory in the record's place");
+    let out = d.strata(&["mount", "cc:v1", "--sandbox", "y"]);
+    assert!(
+        !out.status.success(),
+        "the create succeeded without its record"
+    );
+    std::fs::remove_dir_all(&record).expect("clear the record's place");
+    let ry = d.ok(&["mount", "cc:v1", "--sandbox", "y"]);
+    let o = bwrap(Path::new(&ry), &["/bin/cat", "/etc/os-release"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ID=strata-test\n");
+    d.ok(&["rm", "a", "x", "y"]);
+    let left = d.stop();
+    assert!(left.is_empty(), "a stop left mounts: {left:?}");
 }

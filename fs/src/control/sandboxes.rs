@@ -80,6 +80,20 @@ pub(crate) fn leftovers(
     }
 }
 
+/// Removes `dir` if it is empty (gone already is as good), and with `parent` its parent too if that
+/// is left empty.
+fn remove_empty_dir(dir: &Path, parent: bool) -> std::io::Result<()> {
+    match std::fs::remove_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    if let Some(p) = dir.parent().filter(|_| parent) {
+        // Not empty (something else there) or gone: left as it is.
+        let _ = std::fs::remove_dir(p);
+    }
+    Ok(())
+}
+
 /// Whether `dir` is a mount point (its device differs from its parent's).
 pub(crate) fn is_mount(dir: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -172,10 +186,7 @@ impl Daemon {
         lowers.reverse(); // overlay wants the top layer first
         if let Err(e) = self.mount_sandbox(&sb, &lowers) {
             self.release_all(&acquired);
-            match prior {
-                Some(p) if reuse == Reuse::Resume => self.node.save_sandbox(&p)?,
-                _ => self.node.remove_sandbox(id)?,
-            }
+            self.undo_create(&sb, prior.as_ref().filter(|_| reuse == Reuse::Resume));
             return Err(e);
         }
         sb.root = state::root_key(&sb.rootfs);
@@ -238,6 +249,8 @@ impl Daemon {
         let Some(taken) = self.take_ready(&manifest, id) else {
             return Ok(None);
         };
+        // The pool is one short whether or not the sandbox is recorded below.
+        self.pool.want(manifest, m);
         let mut sb = self.new_record(id, image, manifest, m, taken.layers, taken.image_bytes);
         if let Err(e) = self.node.save_sandbox(&sb) {
             if let (Some(state), Some(run)) = (sb.upper.parent(), sb.rootfs.parent()) {
@@ -247,8 +260,40 @@ impl Daemon {
         }
         sb.root = state::root_key(&sb.rootfs);
         self.lock().sandboxes.insert(id.to_string(), sb.clone());
-        self.pool.want(manifest, m);
         Ok(Some(sb))
+    }
+
+    /// Undoes what a create that failed to mount `sb` left: the record it wrote is put back to the
+    /// `resumed` sandbox's, or removed with the directories it made (a retry then finds no leftover
+    /// to resume or discard). Undoing is best effort: what fails is logged, and the create's own
+    /// error is what the caller reports.
+    fn undo_create(&self, sb: &Sandbox, resumed: Option<&Sandbox>) {
+        let steps = match resumed {
+            Some(p) => vec![self.node.save_sandbox(p).map_err(DaemonError::from)],
+            // Each step on its own: what made the create fail may make one of them fail too.
+            None => vec![
+                self.node.remove_sandbox(&sb.id).map_err(DaemonError::from),
+                self.delete_made_dirs(sb),
+                remove_empty_dir(&sb.rootfs, true).map_err(|e| io(&sb.rootfs, e)),
+            ],
+        };
+        for e in steps.into_iter().filter_map(Result::err) {
+            tracing::warn!(sandbox = %sb.id, error = %e, "cleaning up after a failed create");
+        }
+    }
+
+    /// Deletes the upper and work directories a failed create made: to the trash in the state
+    /// directory; in a directory the caller gave (`--upper`) only while empty, so nothing of theirs
+    /// goes.
+    fn delete_made_dirs(&self, sb: &Sandbox) -> Result<(), DaemonError> {
+        let own = self.config.state_dir.join("sandboxes").join(&sb.id);
+        if sb.upper.parent() == Some(own.as_path()) {
+            return self.delete_dirs(&sb.upper, &sb.work);
+        }
+        for d in [&sb.upper, &sb.work] {
+            remove_empty_dir(d, false).map_err(|e| io(d, e))?;
+        }
+        Ok(())
     }
 
     /// Makes the sandbox's directories, records it, mounts its overlay.
