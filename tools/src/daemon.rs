@@ -121,6 +121,10 @@ struct Args {
     /// data grows; 0: cache_size alone bounds them [default: 5].
     #[arg(long, value_name = "PERCENT")]
     view_keep_free: Option<f64>,
+    /// fanotify mode: whether the event loop keeps to the CPU of the readers it answers (an event's
+    /// two wake-ups then stay on one CPU) [default: true].
+    #[arg(long, value_name = "BOOL")]
+    fanotify_follow_readers: Option<bool>,
     /// Sandboxes kept made ahead (directories made, overlay mounted) for each image that has running
     /// sandboxes, so that a create takes one instead of making it; 0: none [default: 0].
     #[arg(long, value_name = "N")]
@@ -226,6 +230,9 @@ fn load(args: &Args) -> Result<Config> {
     }
     if let Some(p) = args.view_keep_free {
         c.view_keep_free_percent = p;
+    }
+    if let Some(b) = args.fanotify_follow_readers {
+        c.fanotify_follow_readers = b;
     }
     if let Some(n) = args.sandbox_pool {
         c.sandbox_pool = n;

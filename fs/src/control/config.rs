@@ -78,6 +78,9 @@ pub struct Config {
     /// `fanotify` mode: the share of the view files' disk, in percent, that eviction keeps free of
     /// them when other data grows (0: bounded by `cache_size` alone).
     pub view_keep_free_percent: f64,
+    /// `fanotify` mode: the event loop keeps to the CPU of the readers it answers (see
+    /// `fanotify::follow`).
+    pub fanotify_follow_readers: bool,
     /// Sandboxes kept made ahead per image with running sandboxes, for creates to take (0: none;
     /// see [`crate::control::pool`]).
     pub sandbox_pool: usize,
@@ -109,6 +112,7 @@ impl Default for Config {
             view_evict_grace_secs: 30.0,
             view_reserve_bytes: crate::fanotify::room::RESERVE,
             view_keep_free_percent: crate::fanotify::room::KEEP_FREE_PERCENT,
+            fanotify_follow_readers: true,
             sandbox_pool: 0,
         }
     }

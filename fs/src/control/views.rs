@@ -73,7 +73,8 @@ pub(crate) fn start(
             path: dir.clone(),
             source: std::io::Error::other(e),
         })?
-        .with_room(room);
+        .with_room(room)
+        .following_readers(config.fanotify_follow_readers);
     match (adopted, keeper) {
         (true, _) => {}
         (false, Some(k)) => {

@@ -1,12 +1,14 @@
 //! The event loop: reads the group's events in batches, allows at once what is filled (and the
 //! server's own accesses), and hands every other read to a fill thread ([`Context::hand`]), recorded in
-//! the journal first and armed with its deadline ([`super::deadline`]).
+//! the journal first and armed with its deadline ([`super::deadline`]). The loop keeps to its
+//! readers' CPU ([`super::follow`]).
 
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::area::{self, EventArea};
+use super::follow::Follow;
 use super::sys::{self, Answer, Group};
 use super::views::Views;
 use super::{deadline, encode, Context, Job, Pending, POLL_MS};
@@ -35,6 +37,7 @@ pub(super) fn event_loop(
     reaper: Option<&deadline::Reaper<Arc<Pending>>>,
 ) {
     let me = std::process::id();
+    let mut follow = Follow::new(ctx.follow);
     let area = EventArea::of(&ctx.journal);
     if area.is_none() {
         tracing::warn!("the fanotify journal has no event area: a kill between reading and recording an event strands its reader");
@@ -47,7 +50,10 @@ pub(super) fn event_loop(
     while !stop.load(Ordering::Acquire) {
         match ctx.group.wait(POLL_MS) {
             Ok(true) => {}
-            Ok(false) => continue,
+            Ok(false) => {
+                follow.idle();
+                continue;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "polling the fanotify group");
                 std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
@@ -62,6 +68,7 @@ pub(super) fn event_loop(
                 continue;
             }
         };
+        let reader = events.iter().rev().map(|e| e.pid).find(|&p| p != me);
         for (i, ev) in events.into_iter().enumerate() {
             let Some(number) = ev.fd else { continue };
             // SAFETY: the kernel installed this descriptor in this process for this event alone.
@@ -113,5 +120,6 @@ pub(super) fn event_loop(
             let due = std::time::Instant::now() + ctx.fetcher.deadline;
             ctx.hand(fills, Job::armed(read, Some(fd), reaper, due));
         }
+        follow.answered(reader);
     }
 }

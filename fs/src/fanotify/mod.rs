@@ -46,6 +46,7 @@
 pub mod area;
 mod events;
 pub mod evict;
+pub mod follow;
 pub mod pages;
 pub mod room;
 pub mod sys;
@@ -172,6 +173,10 @@ pub struct Server {
     evicting: Mutex<()>,
     /// The view files' free space kept and their reserve ([`room`]), when the node keeps them.
     pub room: Option<room::Room>,
+    /// Whether the event loop keeps to its readers' CPU ([`follow`]; on unless turned off).
+    follow: bool,
+    /// The event loop's thread id, once it runs (0 before).
+    loop_tid: Arc<std::sync::atomic::AtomicI32>,
 }
 
 /// Frees disk space for the view files when a fill finds their disk full: whether it freed any.
@@ -236,12 +241,25 @@ impl Server {
             evicted: evict::Stats::default(),
             evicting: Mutex::new(()),
             room: None,
+            follow: true,
+            loop_tid: Arc::default(),
         })
     }
 
     /// This server with the view files' room kept as `room` says (before it is shared).
     pub fn with_room(mut self, room: room::Room) -> Server {
         self.room = Some(room);
+        self
+    }
+
+    /// The event loop thread's id, once [`Server::run`] started it.
+    pub fn loop_tid(&self) -> Option<i32> {
+        Some(self.loop_tid.load(Ordering::Acquire)).filter(|&t| t > 0)
+    }
+
+    /// Whether the event loop keeps to the CPU of the readers it answers ([`follow`]).
+    pub fn following_readers(mut self, on: bool) -> Server {
+        self.follow = on;
         self
     }
 
@@ -357,12 +375,16 @@ impl Server {
                 tracing::error!(error = %e, "cannot start the view files' page dropper: read data stays cached twice")
             }
         }
-        let stop = self.stop.clone();
-        let views = self.views.clone();
+        let (stop, views, tid) = (self.stop.clone(), self.views.clone(), self.loop_tid.clone());
         match std::thread::Builder::new()
             .name("fan-events".into())
-            .spawn(move || events::event_loop(&ctx, &views, &stop, &fills, reaper.as_ref()))
-        {
+            .spawn(move || {
+                tid.store(
+                    rustix::thread::gettid().as_raw_nonzero().get(),
+                    Ordering::Release,
+                );
+                events::event_loop(&ctx, &views, &stop, &fills, reaper.as_ref())
+            }) {
             Ok(t) => threads.push(t),
             Err(e) => tracing::error!(error = %e, "cannot start the fanotify event loop"),
         }
@@ -425,6 +447,7 @@ impl Server {
             stats: self.stats.clone(),
             relief: self.relief.clone(),
             failing: self.failing.clone(),
+            follow: self.follow,
         }
     }
 
@@ -550,6 +573,8 @@ struct Context {
     relief: Arc<OnceLock<Relief>>,
     /// Blobs whose reads fail at once for a moment: one of their fetches missed the deadline.
     failing: Arc<deadline::FailFast>,
+    /// Whether the event loop keeps to its readers' CPU ([`follow`]).
+    follow: bool,
 }
 
 impl Context {

@@ -661,3 +661,49 @@ fn a_view_files_pages_are_dropped_once_the_kernel_had_them() {
     crate::testkit::wait_until("a complete file's pages dropped", || resident(&path) == 0);
     s.stop();
 }
+
+/// The CPUs a thread of this process may run on, as `/proc` lists them (`0-1`, `1`).
+fn allowed(tid: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).expect("status");
+    let line = status.lines().find(|l| l.starts_with("Cpus_allowed_list:"));
+    line.and_then(|l| l.split_whitespace().nth(1))
+        .expect("Cpus_allowed_list")
+        .to_string()
+}
+
+#[test]
+fn the_event_loop_keeps_to_its_readers_cpu_and_lets_go_when_idle() {
+    let Some(Served { _dir, s, path, .. }) = served() else {
+        return;
+    };
+    let cpus = rustix::thread::sched_getaffinity(None).expect("affinity");
+    let mine: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+        .filter(|&c| cpus.is_set(c))
+        .collect();
+    let ok = mine.len() > 1;
+    if !strata_registry::testing::require("two CPUs to run a reader and the event loop on", ok) {
+        return;
+    }
+    crate::testkit::wait_until("the event loop started", || s.loop_tid().is_some());
+    let tid = s.loop_tid().map(|t| t.to_string()).unwrap_or_default();
+    let free = allowed(&tid);
+    // A reader on the last CPU that stays alive a while after its reads (bash's own `read`, so the
+    // events are the shell's): the loop moves there.
+    let cpu = mine[mine.len() - 1].to_string();
+    let mut reader = Command::new("taskset")
+        .args([
+            "-c",
+            &cpu,
+            "bash",
+            "-c",
+            "read -r -N 8192 x < \"$0\"; sleep 2",
+        ])
+        .arg(&path)
+        .spawn()
+        .expect("run the reader");
+    crate::testkit::wait_until("the loop on the reader's CPU", || allowed(&tid) == cpu);
+    assert!(reader.wait().expect("reader").success());
+    // No events for a while: the loop may run anywhere again.
+    crate::testkit::wait_until("the loop free again", || allowed(&tid) == free);
+    s.stop();
+}
