@@ -22,6 +22,10 @@
 //! without a bound is a thread per waiting reader. There, past `max` threads a job queues for the next
 //! thread done.
 //!
+//! **Where its threads run.** A thread inherits the CPUs its starter may use, and a starter may be
+//! pinned for a while (`fanotify` mode's event loop keeps to its readers' CPU, [`crate::fanotify::follow`]):
+//! so each new thread takes the CPUs the pool's maker could use when it made the pool.
+//!
 //! Invariants (under the lock): `idle` counts the threads waiting for a job; every queued job is taken
 //! by one of them or by a busy thread when it is done (a job is queued only when `idle > jobs.len()`
 //! or `max` threads live, else it starts a thread of its own); `threads` counts live threads, and a job
@@ -68,6 +72,8 @@ struct Shared {
     state: Mutex<State>,
     wake: Condvar,
     started: AtomicU64,
+    /// The CPUs the pool's threads may use: its maker's when it made the pool.
+    cpus: Option<rustix::thread::CpuSet>,
 }
 
 #[derive(Default)]
@@ -101,6 +107,7 @@ impl Workers {
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
             started: AtomicU64::new(0),
+            cpus: rustix::thread::sched_getaffinity(None).ok(),
         });
         Workers {
             _open: Arc::new(Open(shared.clone())),
@@ -128,6 +135,11 @@ impl Workers {
         let spawned = std::thread::Builder::new()
             .name(self.shared.name.into())
             .spawn(move || {
+                if let Some(set) = &shared.cpus {
+                    if let Err(e) = rustix::thread::sched_setaffinity(None, set) {
+                        tracing::debug!(pool = shared.name, error = %e, "a worker's CPUs");
+                    }
+                }
                 let first = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
                 if let Some(job) = first {
                     shared.work(job);
@@ -368,5 +380,33 @@ mod tests {
             .unwrap();
         assert_eq!(rx.recv().unwrap(), 7);
         assert_eq!(w.started(), 1);
+    }
+
+    #[test]
+    fn a_thread_started_by_a_pinned_caller_runs_where_the_pools_maker_could() {
+        let all = rustix::thread::sched_getaffinity(None).expect("affinity");
+        let Some(first) = (0..rustix::thread::CpuSet::MAX_CPU).find(|&c| all.is_set(c)) else {
+            return;
+        };
+        let w = Workers::new("t-cpus", IDLE_FOR, KEEP);
+        let (tx, rx) = mpsc::channel();
+        let w2 = w.clone();
+        std::thread::spawn(move || {
+            let mut one = rustix::thread::CpuSet::new();
+            one.set(first);
+            rustix::thread::sched_setaffinity(None, &one).expect("pin the caller");
+            w2.run(move || {
+                let got = rustix::thread::sched_getaffinity(None).expect("worker's affinity");
+                tx.send(got).expect("send");
+            })
+            .map_err(|e| e.error)
+            .expect("start a worker");
+        })
+        .join()
+        .expect("caller");
+        assert!(
+            rx.recv().expect("the job ran") == all,
+            "the worker kept the caller's pin"
+        );
     }
 }
