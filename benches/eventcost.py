@@ -10,7 +10,9 @@ loop, the loop's answer wakes the reader. Two measurements, one run:
 
   pipe      `perf bench sched pipe` (two threads waking each other through pipes) with the threads
             free to run on any CPU, then both on CPU 0: what a wake-up on another CPU costs here
-  imports   one fresh stratad on the bench store (`coldstart.py prepare`), the fat image mounted and
+  imports   one fresh stratad on the bench store (`coldstart.py prepare`), with
+            `--fanotify-follow-readers false` (the loop placed where the arms say, not following its
+            reader: `coldstart.py` measures following against this), the fat image mounted and
             imported once (filling what the import reads); then ROUNDS rounds of: page cache dropped,
             the import run on CPU 0 (`taskset`) with the event loop thread (`fan-events`) free, then
             the same with the event loop pinned to CPU 0 as well, then the import not pinned and
@@ -45,7 +47,7 @@ def threads(pid, name):
 
 
 def imports(rounds):
-    d = Daemon(coldstart.STORE, env={"STRATA_LOG": "warn"})
+    d = Daemon(coldstart.STORE, env={"STRATA_LOG": "warn"}, args=("--fanotify-follow-readers", "false"))
     try:
         server = subprocess.run(["pgrep", "-P", str(d.p.pid)], capture_output=True, text=True).stdout.split()
         loop = threads(server[0] if server else d.p.pid, "fan-events")
