@@ -14,8 +14,10 @@
 //! moves there (`sched_setaffinity`). A loop that has had no event for [`IDLE`] lets the scheduler
 //! place it again, so that an idle node's loop is not held on a CPU a busy sandbox took since.
 //! Several readers on several CPUs: the loop is on the last one's, the others' events cost what they
-//! cost without this. Loops per CPU were tried instead and were slower: every event then wakes every
-//! loop, and the reader pays for the wake-ups it sends to the other CPUs (BENCHMARKS.md).
+//! cost without this. A reader on a CPU the daemon may not use (a sandbox in another cpuset) is not
+//! followed. The process's CPU is its main thread's (events name the process, not the thread).
+//! Loops per CPU were tried instead and were slower: every event then wakes every loop, and the
+//! reader pays for the wake-ups it sends to the other CPUs (BENCHMARKS.md).
 
 use std::time::{Duration, Instant};
 
@@ -60,7 +62,9 @@ impl Follow {
         }
         self.looked = now;
         let Some(cpu) = cpu_of(pid) else { return };
-        if self.pinned != Some(cpu) && pin(&one(cpu)) {
+        // A reader on a CPU the daemon may not use (another cpuset): not followed.
+        let allowed = self.all.as_ref().is_some_and(|s| s.is_set(cpu));
+        if allowed && self.pinned != Some(cpu) && pin(&one(cpu)) {
             self.pinned = Some(cpu);
         }
     }
