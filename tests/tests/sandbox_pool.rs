@@ -40,21 +40,33 @@ fn mounts_under(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn creates_take_sandboxes_made_ahead_and_the_last_removal_takes_the_rest() {
+/// A store holding `bb:v1` (its blob made from `seed`) and a daemon keeping two sandboxes made ahead:
+/// its first sandbox, `a`, is made as always, then two more are made ahead. `None` without mounts and
+/// bubblewrap.
+fn two_made_ahead(seed: u32) -> Option<(tempfile::TempDir, StoreEnv, Daemon)> {
     if !have(&[Need::Mount, Need::Bwrap]) {
-        return;
+        return None;
     }
     let sdir = scratch("store");
     let store = StoreEnv::local(sdir.path());
-    build_image(&store, "bb:v1", &[("blob.bin", random_bytes(1 << 20, 7))]);
-    let mut d = Daemon::start(&store, &["--sandbox-pool", "2"]);
-    let pool_run = d.runtime.join("sandboxes/.pool");
-    let pool_state = d.state.path().join("sandboxes/.pool");
-
-    // The first sandbox is made as always; then two more are made ahead.
+    build_image(
+        &store,
+        "bb:v1",
+        &[("blob.bin", random_bytes(1 << 20, seed))],
+    );
+    let d = Daemon::start(&store, &["--sandbox-pool", "2"]);
     d.ok(&["mount", "bb:v1", "--sandbox", "a"]);
     until(&d, "two made ahead", |s| ready(s) == 2);
+    Some((sdir, store, d))
+}
+
+#[test]
+fn creates_take_sandboxes_made_ahead_and_the_last_removal_takes_the_rest() {
+    let Some((_sdir, _store, mut d)) = two_made_ahead(7) else {
+        return;
+    };
+    let pool_run = d.runtime.join("sandboxes/.pool");
+    let pool_state = d.state.path().join("sandboxes/.pool");
     assert_eq!(mounts_under(&pool_run).len(), 2);
 
     // The next create takes one: where a sandbox's directories belong, with the image's files.
@@ -150,16 +162,10 @@ fn creates_take_sandboxes_made_ahead_and_the_last_removal_takes_the_rest() {
 
 #[test]
 fn a_create_whose_record_cannot_be_written_leaves_nothing_in_the_way() {
-    if !have(&[Need::Mount, Need::Bwrap]) {
+    let Some((_sdir, store, mut d)) = two_made_ahead(8) else {
         return;
-    }
-    let sdir = scratch("store");
-    let store = StoreEnv::local(sdir.path());
-    build_image(&store, "bb:v1", &[("blob.bin", random_bytes(1 << 20, 8))]);
-    let mut d = Daemon::start(&store, &["--sandbox-pool", "2"]);
+    };
     let pool_run = d.runtime.join("sandboxes/.pool");
-    d.ok(&["mount", "bb:v1", "--sandbox", "a"]);
-    until(&d, "two made ahead", |s| ready(s) == 2);
     let refs = |s: &serde_json::Value| s["layers"][0]["refs"].as_u64();
     let before = json(&d.ok(&["daemon", "status"]));
 
@@ -204,6 +210,31 @@ fn a_create_whose_record_cannot_be_written_leaves_nothing_in_the_way() {
     let ry = d.ok(&["mount", "cc:v1", "--sandbox", "y"]);
     let o = bwrap(Path::new(&ry), &["/bin/cat", "/etc/os-release"]);
     assert_eq!(String::from_utf8_lossy(&o.stdout), "ID=strata-test\n");
+
+    // A resume of a sandbox whose record is gone (its upper directory left) that cannot write its
+    // record keeps what the sandbox wrote: only what a create made is undone.
+    let o = bwrap(Path::new(&ry), &["/bin/sh", "-c", "echo kept > /root/kept"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    d.ok(&["umount", "--sandbox", "y"]);
+    let left = d.stop();
+    assert!(left.is_empty(), "a stop left mounts: {left:?}");
+    std::fs::remove_file(&record).expect("the stopped sandbox's record");
+    std::fs::create_dir_all(record.join("in-the-way")).expect("a directory in the record's place");
+    d.start_again(&["--sandbox-pool", "2"]);
+    let out = d.strata(&["mount", "cc:v1", "--sandbox", "y", "--resume"]);
+    assert!(
+        !out.status.success(),
+        "the resume succeeded without its record"
+    );
+    let kept = d.state.path().join("sandboxes/y/upper/root/kept");
+    assert!(
+        kept.exists(),
+        "a failed resume deleted the sandbox's writes"
+    );
+    std::fs::remove_dir_all(&record).expect("clear the record's place");
+    let ry = d.ok(&["mount", "cc:v1", "--sandbox", "y", "--resume"]);
+    let o = bwrap(Path::new(&ry), &["/bin/cat", "/root/kept"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "kept\n");
     d.ok(&["rm", "a", "x", "y"]);
     let left = d.stop();
     assert!(left.is_empty(), "a stop left mounts: {left:?}");

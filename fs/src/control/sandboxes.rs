@@ -186,7 +186,7 @@ impl Daemon {
         lowers.reverse(); // overlay wants the top layer first
         if let Err(e) = self.mount_sandbox(&sb, &lowers) {
             self.release_all(&acquired);
-            self.undo_create(&sb, prior.as_ref().filter(|_| reuse == Reuse::Resume));
+            self.undo_create(&sb, left, prior.as_ref());
             return Err(e);
         }
         sb.root = state::root_key(&sb.rootfs);
@@ -263,20 +263,23 @@ impl Daemon {
         Ok(Some(sb))
     }
 
-    /// Undoes what a create that failed to mount `sb` left: the record it wrote is put back to the
-    /// `resumed` sandbox's, or removed with the directories it made (a retry then finds no leftover
-    /// to resume or discard). Undoing is best effort: what fails is logged, and the create's own
-    /// error is what the caller reports.
-    fn undo_create(&self, sb: &Sandbox, resumed: Option<&Sandbox>) {
-        let steps = match resumed {
-            Some(p) => vec![self.node.save_sandbox(p).map_err(DaemonError::from)],
-            // Each step on its own: what made the create fail may make one of them fail too.
-            None => vec![
-                self.node.remove_sandbox(&sb.id).map_err(DaemonError::from),
-                self.delete_made_dirs(sb),
-                remove_empty_dir(&sb.rootfs, true).map_err(|e| io(&sb.rootfs, e)),
-            ],
+    /// Undoes what a create that failed to mount `sb` left. A resume (`left`) puts the `prior`
+    /// sandbox's record back, or removes the one it wrote, and keeps the upper and work directories:
+    /// they hold what the sandbox wrote. Any other create removes its record and the directories it
+    /// made, so a retry finds no leftover to resume or discard. Undoing is best effort, each step on
+    /// its own (what made the create fail may make one of them fail too): what fails is logged, and
+    /// the create's own error is what the caller reports.
+    fn undo_create(&self, sb: &Sandbox, left: Leftovers, prior: Option<&Sandbox>) {
+        let record = match (left, prior) {
+            (Leftovers::Resume, Some(p)) => self.node.save_sandbox(p),
+            _ => self.node.remove_sandbox(&sb.id),
         };
+        let dirs = match left {
+            Leftovers::Resume => Ok(()),
+            Leftovers::None | Leftovers::Discard => self.delete_made_dirs(sb),
+        };
+        let rootfs = remove_empty_dir(&sb.rootfs, true).map_err(|e| io(&sb.rootfs, e));
+        let steps = [record.map_err(DaemonError::from), dirs, rootfs];
         for e in steps.into_iter().filter_map(Result::err) {
             tracing::warn!(sandbox = %sb.id, error = %e, "cleaning up after a failed create");
         }
