@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod mount;
 pub mod pagecache;
 pub mod process;
+pub mod residentcode;
 pub mod size;
 pub mod slowread;
 #[cfg(test)]

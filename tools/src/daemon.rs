@@ -381,6 +381,7 @@ fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
             .map(|s| Box::new(systemd::Keeper::Holder(s)) as Box<dyn strata_fs::trees::Keeper>),
     };
     let daemon = Daemon::start_kept(config.clone(), fuse, kept).context("starting stratad")?;
+    strata_fs::residentcode::populate_in_background();
     let holder = inh.holder;
     let runtime_dir = config.runtime_dir.clone();
     let hooks = Hooks {
@@ -467,6 +468,7 @@ fn serve_for_systemd(config: Config) -> Result<()> {
         keeper: Some(Box::new(systemd::Keeper::Systemd)),
     };
     let daemon = Daemon::start_kept(config, chan, kept).context("starting stratad")?;
+    strata_fs::residentcode::populate_in_background();
     let d2 = daemon.clone();
     let hooks = Hooks {
         upgrade: Some(Box::new(move || {
@@ -508,6 +510,7 @@ fn serve_plain(config: Config) -> Result<()> {
     let locks = holder::locks::lock_node(&config.state_dir, &config.runtime_dir)?;
     holder::locks::check_stale_mounts(&locks, &config.state_dir, &config.runtime_dir)?;
     let daemon = Daemon::start(config.clone(), Fuse::Mount).context("starting stratad")?;
+    strata_fs::residentcode::populate_in_background();
     let socket = config.runtime_dir.join("stratad.sock");
     let listener = strata_fs::api::bind(&socket, config.group)?;
     api_thread(&daemon, listener, Hooks::default());
