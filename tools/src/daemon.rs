@@ -365,6 +365,8 @@ fn holder_status(holder: u32, runtime_dir: &Path) -> serde_json::Value {
 
 /// A server under a holder: SIGTERM hands over, SIGUSR1 tears the node down.
 fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
+    // Beside the takeover of a predecessor's reads, not after it.
+    strata_fs::residentcode::populate_in_background();
     let set = signals::block(&[libc::SIGTERM, libc::SIGUSR1, libc::SIGINT]);
     let mut chan = Channel::from_fd(inh.fuse);
     if let Some(j) = inh.journal {
@@ -381,7 +383,6 @@ fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
             .map(|s| Box::new(systemd::Keeper::Holder(s)) as Box<dyn strata_fs::trees::Keeper>),
     };
     let daemon = Daemon::start_kept(config.clone(), fuse, kept).context("starting stratad")?;
-    strata_fs::residentcode::populate_in_background();
     let holder = inh.holder;
     let runtime_dir = config.runtime_dir.clone();
     let hooks = Hooks {
@@ -426,6 +427,7 @@ fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
 /// A server under systemd: the FUSE connection and control socket live in the unit's file-descriptor
 /// store, so SIGTERM (a restart) hands over like an upgrade.
 fn serve_for_systemd(config: Config) -> Result<()> {
+    strata_fs::residentcode::populate_in_background();
     let set = signals::block(&[libc::SIGTERM, libc::SIGINT]);
     let locks = holder::locks::lock_node(&config.state_dir, &config.runtime_dir)?;
     let mut fds = systemd::take_listen_fds();
@@ -468,7 +470,6 @@ fn serve_for_systemd(config: Config) -> Result<()> {
         keeper: Some(Box::new(systemd::Keeper::Systemd)),
     };
     let daemon = Daemon::start_kept(config, chan, kept).context("starting stratad")?;
-    strata_fs::residentcode::populate_in_background();
     let d2 = daemon.clone();
     let hooks = Hooks {
         upgrade: Some(Box::new(move || {
@@ -506,11 +507,11 @@ fn serve_for_systemd(config: Config) -> Result<()> {
 
 /// One process, no holder: sandboxes end with it.
 fn serve_plain(config: Config) -> Result<()> {
+    strata_fs::residentcode::populate_in_background();
     let set = signals::block(&[libc::SIGTERM, libc::SIGINT]);
     let locks = holder::locks::lock_node(&config.state_dir, &config.runtime_dir)?;
     holder::locks::check_stale_mounts(&locks, &config.state_dir, &config.runtime_dir)?;
     let daemon = Daemon::start(config.clone(), Fuse::Mount).context("starting stratad")?;
-    strata_fs::residentcode::populate_in_background();
     let socket = config.runtime_dir.join("stratad.sock");
     let listener = strata_fs::api::bind(&socket, config.group)?;
     api_thread(&daemon, listener, Hooks::default());
