@@ -4,7 +4,7 @@
 //! node's first mount, a successor's first takeover, its first miss — is read from disk on its first
 //! execution, page fault by page fault, while a sandbox waits: on a cold node (and after `drop_caches`,
 //! as `benches/coldstart.py` does before every run) a fresh server's first mount took 3–7 major faults
-//! of its own code, ~5 ms of its 20–35 ms (BENCHMARKS.md, "Twenty-fourth session").
+//! of its own code, ~6 ms of a 22 ms first mount (BENCHMARKS.md, "Twenty-fourth session").
 //!
 //! So a server, once started, has a background thread ask the kernel to map every page of the program's
 //! own file mappings (`MADV_POPULATE_READ`, Linux 5.14+): one pass of readahead over its text and
