@@ -11,6 +11,8 @@ usage: sudo benches/coldstart.py [prepare|plan|record|noplan|inherit|local|stat|
            stratad warms the plan when a sandbox of the image is created (rows say "plan": true)
   record   the same plan recorded by stratad itself (`--record-plans`) from a first sandbox running the import
   noplan   removes the plan pointer again, and every layer plan (the default measurements are without a plan)
+           before the measurements; given with `plan` (e.g. `plan local noplan`: with a fresh plan), also
+           after them, so that the plan made for them does not stay behind
   inherit  also measures `local` and `link` for a new image: the fat layer (traced once, as fat:v1) plus a
            fresh workspace layer never traced, which inherits the fat layer's plan (rows local-inherit,
            link-inherit); e.g. `coldstart.py plan inherit link --runs 5` compares it with the traced image
@@ -674,6 +676,7 @@ def main():
             sys.exit(f"no {tool}: cargo build --release -p strata-tools")
     log(f"results: {RESULTS}; stratad args: {EXTRA}; loadavg {os.getloadavg()}")
     prepare()
+    # With `plan` too, also after the measurements made with the new plan (below).
     if "noplan" in what:
         drop_plan()
     if "plan" in what:
@@ -697,6 +700,8 @@ def main():
         bench_link(a.runs or 3, rtt, mbit)
         if "inherit" in what:
             bench_link(a.runs or 3, rtt, mbit, ["fatws:v1"], "link-inherit")
+    if "noplan" in what and "plan" in what:
+        drop_plan()
 
 
 if __name__ == "__main__":
