@@ -72,7 +72,9 @@ pub fn populate() -> io::Result<u64> {
     Ok(bytes)
 }
 
-/// [`populate`] on a thread of its own, its outcome logged.
+/// [`populate`] on a thread of its own, its outcome logged. The thread takes the caller's signal mask:
+/// a server calls this after blocking the signals it waits for, or one could land on this thread
+/// (SIGTERM's default action would then end the server instead of handing it over).
 pub fn populate_in_background() {
     let spawned = std::thread::Builder::new()
         .name("strata-code".into())

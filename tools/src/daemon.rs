@@ -365,9 +365,10 @@ fn holder_status(holder: u32, runtime_dir: &Path) -> serde_json::Value {
 
 /// A server under a holder: SIGTERM hands over, SIGUSR1 tears the node down.
 fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
-    // Beside the takeover of a predecessor's reads, not after it.
-    strata_fs::residentcode::populate_in_background();
     let set = signals::block(&[libc::SIGTERM, libc::SIGUSR1, libc::SIGINT]);
+    // Beside the takeover of a predecessor's reads, not after it; after the block, so that the thread
+    // takes none of the signals `signals::wait` is for.
+    strata_fs::residentcode::populate_in_background();
     let mut chan = Channel::from_fd(inh.fuse);
     if let Some(j) = inh.journal {
         chan = chan.with_journal(Journal::from_fd(j).context("the FUSE request journal")?);
@@ -427,8 +428,8 @@ fn serve_for_holder(config: Config, inh: holder::Inherited) -> Result<()> {
 /// A server under systemd: the FUSE connection and control socket live in the unit's file-descriptor
 /// store, so SIGTERM (a restart) hands over like an upgrade.
 fn serve_for_systemd(config: Config) -> Result<()> {
-    strata_fs::residentcode::populate_in_background();
     let set = signals::block(&[libc::SIGTERM, libc::SIGINT]);
+    strata_fs::residentcode::populate_in_background();
     let locks = holder::locks::lock_node(&config.state_dir, &config.runtime_dir)?;
     let mut fds = systemd::take_listen_fds();
     let mut take = |name: &str| {
@@ -507,8 +508,8 @@ fn serve_for_systemd(config: Config) -> Result<()> {
 
 /// One process, no holder: sandboxes end with it.
 fn serve_plain(config: Config) -> Result<()> {
-    strata_fs::residentcode::populate_in_background();
     let set = signals::block(&[libc::SIGTERM, libc::SIGINT]);
+    strata_fs::residentcode::populate_in_background();
     let locks = holder::locks::lock_node(&config.state_dir, &config.runtime_dir)?;
     holder::locks::check_stale_mounts(&locks, &config.state_dir, &config.runtime_dir)?;
     let daemon = Daemon::start(config.clone(), Fuse::Mount).context("starting stratad")?;
