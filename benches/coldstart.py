@@ -45,7 +45,7 @@ benches/results/coldstart-<stamp>.jsonl. Environment: BENCH_DATA (/var/tmp/strat
 (/var/tmp/strata-target) for the release strata, stratad and linkproxy binaries, STRATAD (another stratad), QUIET_MAX (120), RTT_MS
 (20), MBIT (1000), STRATAD_ARGS (extra flags for stratad, e.g. "--max-fetch-span 1M"), IMAGES (the images
 `local`, `link` and `stat` measure, comma-separated, each from a fresh daemon in every run against the same
-reference measurement, default fat:v1; an item may add stratad flags after a space: e.g. fat:v1,fatrf:v1
+reference measurement, default fat:v1, in reversed order every other run so that no arm always goes first; an item may add stratad flags after a space: e.g. fat:v1,fatrf:v1
 compares two builds of the fat tree in one run, "fat:v1,fat:v1 --max-fetch-span 4M" two daemon settings,
 "fat:v1,fat:v1 stratad=/tmp/stratad-old" two stratad binaries;
 rows and summaries carry the item as `image`). WORKLOAD (a shell command run instead of the import, e.g.
@@ -299,6 +299,12 @@ def make_inherit():
 
 # ---------------------------------------------------------------- local cold start
 
+def arms(images, run):
+    """The arms of run `run` in the order they are measured: as given in even runs, reversed in odd ones
+    (an arm measured right after another one's daemon was stopped is not always the same arm)."""
+    return list(images) if run % 2 == 0 else list(images)[::-1]
+
+
 def bench_local(runs, images=None, label="local"):
     meta, devs = materialized("fat")
     mnt = tempfile.mkdtemp(prefix="strata-cs-erofs-", dir="/var/tmp")
@@ -307,7 +313,7 @@ def bench_local(runs, images=None, label="local"):
     try:
         for i in range(runs):
             got = []
-            for image in images or IMAGES:
+            for image in arms(images or IMAGES, i):
                 d = Daemon(STORE, **daemon_opts(image))
                 try:
                     busy = wait_quiet()
@@ -396,7 +402,7 @@ def bench_stat(runs):
     try:
         for i in range(runs):
             got = []
-            for image in IMAGES:
+            for image in arms(IMAGES, i):
                 d = Daemon(STORE, **daemon_opts(image))
                 try:
                     busy = wait_quiet()
@@ -619,7 +625,7 @@ def bench_link(runs, rtt_ms, mbit, images=None, label="link"):
         tarsize = os.path.getsize(f"{CS}/fat.tar.zst")
         for i in range(runs):
             got = []
-            for image in images or IMAGES:
+            for image in arms(images or IMAGES, i):
                 d = Daemon(store, env=s3.env(), **daemon_opts(image))
                 try:
                     busy = wait_quiet()
