@@ -1,7 +1,7 @@
 //! The `strata` CLI, built inside this package so that integration tests can run it by path
-//! (`CARGO_BIN_EXE_strata-under-test`): the lean binary, as installed, which hands store commands to
-//! `strata-under-test-full` beside it.
+//! (`CARGO_BIN_EXE_strata-under-test`): the lean binary, as installed (its C `main` too), which hands
+//! store commands to `strata-under-test-full` beside it.
 
-fn main() {
-    strata_cli::lean_main();
-}
+#![no_main]
+
+strata_cli::c_main!();
