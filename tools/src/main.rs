@@ -5,6 +5,8 @@
 //! Its `main` is the C one ([`strata_cli::start`] says why): a node agent starts this program once per
 //! sandbox, and the Rust runtime's own start-up was a quarter of its time.
 
-#![no_main]
+// `cargo test` builds this binary with the test harness's `main`.
+#![cfg_attr(not(test), no_main)]
 
+#[cfg(not(test))]
 strata_cli::c_main!();
