@@ -74,8 +74,11 @@ fn respond(stream: &mut UnixStream, status: u16, content_type: &str, body: &[u8]
         "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    let _ = stream.write_all(head.as_bytes());
-    let _ = stream.write_all(body);
+    // One write: the client, blocked in its read, is woken once for the whole reply, not once for the
+    // head and again for the body.
+    let mut reply = head.into_bytes();
+    reply.extend_from_slice(body);
+    let _ = stream.write_all(&reply);
 }
 
 pub use strata_api::ErrorKind;
