@@ -297,10 +297,10 @@ pub fn serve_listener(
     listener: UnixListener,
     hooks: Arc<Hooks>,
 ) -> std::io::Result<()> {
-    for conn in listener.incoming() {
-        let Ok(mut stream) = conn else { continue };
-        let (d, hooks) = (d.clone(), hooks.clone());
-        std::thread::spawn(move || {
+    // Each connection on the thread that accepted it (`acceptors`: no thread started per request).
+    crate::control::acceptors::serve(
+        listener,
+        Box::new(move |mut stream: UnixStream| {
             let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
             match read_request(&mut stream) {
                 Ok(req) => {
@@ -309,9 +309,8 @@ pub fn serve_listener(
                 }
                 Err(e) => respond(&mut stream, 400, "text/plain", e.to_string().as_bytes()),
             }
-        });
-    }
-    Ok(())
+        }),
+    )
 }
 
 #[cfg(test)]

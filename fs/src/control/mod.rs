@@ -13,12 +13,14 @@
 //! FUSE ([`trees`]: `fuse`, its connections kept across server restarts), or over local view files the
 //! kernel asks the daemon to fill ([`views`]: `fanotify`). [`api`] is the HTTP adapter
 //! on the control socket: it parses requests, calls the daemon, and answers with the status of the
-//! error's kind (`strata_api::ErrorKind`).
+//! error's kind (`strata_api::ErrorKind`); each connection is served by the thread that accepted it
+//! ([`acceptors`]).
 //!
 //! The dependency runs one way: these modules call into the data plane (`crate::blobfs`,
 //! `crate::treefs`, `crate::fetch`, `crate::cache`, `crate::mount`, ...); the data plane never names
 //! anything here. The test below reads the sources to keep it so.
 
+pub mod acceptors;
 pub mod acquire;
 pub mod api;
 pub mod config;
