@@ -39,10 +39,12 @@ pub struct SandboxState(pub String);
 /// connect: 0.98–1.06 → 0.73–0.79 ms a process under `hyperfine -N`, CPU time 0.93 → 0.64 ms under
 /// `perf stat`; BENCHMARKS.md, "Twenty-fifth session"). What of it this program needs is done here:
 /// standard descriptors that are closed are opened on `/dev/null` (so that no file `bundle` writes
-/// becomes standard output), a panic exits
-/// 101 after its message as in any Rust program, and the exit goes through [`std::process::exit`],
-/// which flushes standard output. The arguments come from the C library's start-up as ever
-/// ([`std::env::args_os`]). A stack overflow is a plain SIGSEGV, without the runtime's message.
+/// becomes standard output), a panic exits 101 after its message as in any Rust program, and the exit
+/// goes through [`std::process::exit`], which flushes standard output. The arguments come from the C
+/// library's start-up as ever ([`std::env::args_os`]). SIGPIPE keeps its default disposition (the
+/// runtime would ignore it), so a closed standard output ends the program quietly, as
+/// [`die_quietly_on_broken_pipes`] makes the full CLI do. A stack overflow is a plain SIGSEGV, without
+/// the runtime's message.
 pub fn start() -> i32 {
     open_closed_standard_fds();
     match std::panic::catch_unwind(lean_main) {
@@ -89,8 +91,7 @@ fn open_closed_standard_fds() {
 }
 
 /// `strata`'s program: runs the per-sandbox commands, hands anything else to the full CLI.
-pub fn lean_main() {
-    die_quietly_on_broken_pipes();
+fn lean_main() {
     let argv: Vec<OsString> = std::env::args_os().collect();
     let Ok(NodeCli { globals, cmd }) = NodeCli::try_parse_from(&argv) else {
         exec_full(&argv)
