@@ -15,14 +15,15 @@ use super::{deadline, encode, Context, Job, Pending, POLL_MS};
 use crate::workers::Workers;
 
 /// Reads the next batch of events: into the journal's event area when it has one (so that a
-/// successor finds them, see [`area`]), else into `fallback`.
+/// successor finds them, see [`area`], which records `me`, this process), else into `fallback`.
 pub(super) fn read_batch(
     group: &Group,
     area: Option<&EventArea<'_>>,
+    me: u32,
     fallback: &mut [u8],
 ) -> std::io::Result<Vec<sys::Event>> {
     let buf = match area {
-        Some(a) => a.arm(std::process::id()),
+        Some(a) => a.arm(me),
         None => fallback,
     };
     let n = group.read(buf)?;
@@ -60,7 +61,7 @@ pub(super) fn event_loop(
                 continue;
             }
         }
-        let events = match read_batch(&ctx.group, area.as_ref(), &mut fallback) {
+        let events = match read_batch(&ctx.group, area.as_ref(), me, &mut fallback) {
             Ok(ev) => ev,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => {

@@ -37,7 +37,7 @@ impl Handover {
         let area = EventArea::of(&self.t.s.journal).expect("event area");
         loop {
             assert!(self.t.s.group.wait(5000).expect("poll"), "no event");
-            match read_batch(&self.t.s.group, Some(&area), &mut []) {
+            match read_batch(&self.t.s.group, Some(&area), std::process::id(), &mut []) {
                 Ok(evs) if !evs.is_empty() => return evs,
                 Ok(_) => {}
                 Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}"),
