@@ -14,9 +14,10 @@ cache dropped, then the cold `import numpy, pandas` in the sandbox. Per import i
   runqueue  the importer's main thread's time runnable but not running (its own `schedstat`)
   import    the import's wall time (noisy on this VM; the two above are not)
 
-With no STRATAD the release build is measured. Medians per build at the end.
+With no STRATAD the release build is measured. Medians per build at the end; every import also goes
+to benches/results/loopcost-<stamp>.jsonl.
 """
-import argparse, os, statistics, subprocess, sys, time
+import argparse, json, os, statistics, subprocess, sys, time
 
 import coldstart
 from stratad import Daemon, call
@@ -61,11 +62,15 @@ def main():
     ap.add_argument("stratad", nargs="*", default=[coldstart.STRATAD])
     a = ap.parse_args()
     got = {b: [] for b in a.stratad}
+    results = f"{coldstart.HERE}/results/loopcost-{coldstart.STAMP}.jsonl"
+    print(f"results: {results}", flush=True)
     for r in range(a.rounds):
         for b in (a.stratad if r % 2 == 0 else a.stratad[::-1]):
             m = one(b)
             m["loop_us_per_event"] = 1000 * m["loop_ms"] / max(m["events"], 1)
             got[b].append(m)
+            with open(results, "a") as f:
+                f.write(json.dumps({"round": r, "stratad": b, **m}) + "\n")
             print(f"{b}: import {m['import'] * 1000:.1f} ms, loop {m['loop_ms']:.1f} ms for "
                   f"{m['events']} events ({m['loop_us_per_event']:.1f} µs an event), "
                   f"runqueue {m['runqueue_ms']:.1f} ms", flush=True)
