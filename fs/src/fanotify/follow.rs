@@ -14,8 +14,8 @@
 //! The CPU is its main thread's `processor` field, read from `/proc/<pid>/task/<pid>/stat`, which is
 //! opened once per reader and read again from its start at each look. Opening `/proc/<pid>/stat` at
 //! each look instead (its path, access checks, a sum over every thread of the process) made the loop
-//! spend 25 µs an event on a cold import against 19 µs now — on the reader's CPU, while the reader
-//! waited for its answer. A loop that has had no event for [`IDLE`] lets the scheduler
+//! spend 18.4 µs an event on a cold import against 15.7 µs now (`benches/loopcost.py`) — on the
+//! reader's CPU, while the reader waited for its answer. A loop that has had no event for [`IDLE`] lets the scheduler
 //! place it again, so that an idle node's loop is not held on a CPU a busy sandbox took since.
 //! Several readers on several CPUs: the loop is on the last one's, the others' events cost what they
 //! cost without this. A reader on a CPU the daemon may not use (a sandbox in another cpuset) is not
@@ -123,7 +123,8 @@ fn pin(set: &rustix::thread::CpuSet) -> bool {
     }
 }
 
-/// The CPU a process last ran on, from its open `/proc/<pid>/stat` (read again from the start).
+/// The CPU a thread last ran on, from its open `/proc/<pid>/task/<tid>/stat` (read again from the
+/// start).
 fn cpu_of(stat: &File) -> Option<usize> {
     // 52 fields of at most 20 digits, and a command name of at most 64 bytes in parentheses.
     let mut buf = [0u8; 1536];
