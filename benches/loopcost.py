@@ -20,6 +20,7 @@ to benches/results/loopcost-<stamp>.jsonl.
 import argparse, json, os, statistics, subprocess, sys, time
 
 import coldstart
+from eventcost import threads
 from stratad import Daemon, call
 
 SCHEDSTAT = "; print(open('/proc/self/schedstat').read())"
@@ -27,10 +28,9 @@ SCHEDSTAT = "; print(open('/proc/self/schedstat').read())"
 
 def loop_cpu_ns(server):
     total = 0
-    for t in os.listdir(f"/proc/{server}/task"):
+    for t in threads(server, "fan-events"):
         try:
-            if open(f"/proc/{server}/task/{t}/comm").read().strip() == "fan-events":
-                total += int(open(f"/proc/{server}/task/{t}/schedstat").read().split()[0])
+            total += int(open(f"/proc/{server}/task/{t}/schedstat").read().split()[0])
         except OSError:
             pass
     return total

@@ -13,10 +13,11 @@
 //! read at least [`READ_DELAY`] ago and those written at least [`DELAY`] ago, writes the file's dirty
 //! pages out (`fdatasync`) if it takes a written one, and tells the kernel it will not need them
 //! (`POSIX_FADV_DONTNEED`), which drops the clean pages. EROFS keeps its own copy of what it read; a
-//! page it evicts later comes back from the view file on disk (an event, allowed at once). A read
-//! range in a step that holds a write not yet [`DELAY`] old waits for that write: advising dirty pages
-//! away starts their writeback, and ext4's block allocation for it holds the file's block-map lock
-//! that the fills writing the file need ([`Touched::take_before`]).
+//! page it evicts later comes back from the view file on disk (an event, allowed at once). A step
+//! that holds a write not yet [`DELAY`] old is not advised away before that write is due — neither a
+//! read range in it nor, in a complete file, the step itself: advising dirty pages away starts their
+//! writeback, and ext4's block allocation for it holds the file's block-map lock that the fills
+//! writing the file need ([`Touched::take_before`]).
 //!
 //! A complete view file is no longer watched, so its reads are not reported. The pass asks the
 //! kernel which of its 2 MiB steps are cached (`cachestat`, halving a range only while it has any:
@@ -81,11 +82,7 @@ impl Touched {
     /// import saw a miss wait 10 ms that way, and the streamer 12 ms (`perf sched timehist`).
     fn take_before(&self, read_cutoff: Instant, cutoff: Instant) -> (Vec<(u64, u64)>, bool) {
         let mut r = self.ranges.lock().unwrap_or_else(|p| p.into_inner());
-        let young_writes: Vec<(u64, u64)> = r
-            .iter()
-            .filter(|&&(_, _, w, at)| w && at > cutoff)
-            .map(|&(o, n, _, _)| widened(o, n))
-            .collect();
+        let young = young_writes(&r, cutoff);
         let mut due = Vec::new();
         let mut written = false;
         r.retain(|&(o, n, w, at)| {
@@ -94,7 +91,7 @@ impl Touched {
             }
             let (start, len) = widened(o, n);
             let end = start + len;
-            if !w && young_writes.iter().any(|&(s, l)| s < end && start < s + l) {
+            if !w && overlaps(&young, start, len) {
                 return true;
             }
             due.push((start, end));
@@ -113,6 +110,14 @@ impl Touched {
         (
             merged.into_iter().map(|(s, e)| (s, e - s)).collect(),
             written,
+        )
+    }
+
+    /// The steps of the writes noted after `cutoff` (not yet due), as `(offset, len)`.
+    fn young_writes(&self, cutoff: Instant) -> Vec<(u64, u64)> {
+        young_writes(
+            &self.ranges.lock().unwrap_or_else(|p| p.into_inner()),
+            cutoff,
         )
     }
 
@@ -142,6 +147,38 @@ impl Touched {
     }
 }
 
+/// The whole steps of the writes among `ranges` noted after `cutoff`.
+fn young_writes(ranges: &[(u64, u64, bool, Instant)], cutoff: Instant) -> Vec<(u64, u64)> {
+    ranges
+        .iter()
+        .filter(|&&(_, _, w, at)| w && at > cutoff)
+        .map(|&(o, n, _, _)| widened(o, n))
+        .collect()
+}
+
+/// Whether `len` bytes at `start` meet any of `ranges`.
+fn overlaps(ranges: &[(u64, u64)], start: u64, len: u64) -> bool {
+    ranges
+        .iter()
+        .any(|&(s, l)| s < start + len && start < s + l)
+}
+
+/// The whole steps of `runs` (ascending `(offset, len)` in steps) that meet none of `young`, merged
+/// into runs again.
+fn without(runs: &[(u64, u64)], young: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let steps = runs
+        .iter()
+        .flat_map(|&(o, n)| (o..o + n).step_by(DROP_STEP as usize));
+    for step in steps.filter(|&o| !overlaps(young, o, DROP_STEP)) {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 == step => last.1 += DROP_STEP,
+            _ => out.push((step, DROP_STEP)),
+        }
+    }
+    out
+}
+
 /// The starts of the [`DROP_STEP`]s of `file`'s first `size` bytes that have pages in the page
 /// cache, ascending. A range's halves are asked about only while it has any: an untouched file
 /// costs one `cachestat`, a run of cached steps about two per step plus two per halving.
@@ -165,16 +202,20 @@ fn cached_steps(file: &File, size: u64) -> io::Result<Vec<u64>> {
 }
 
 /// Drops the steps of a complete view file seen cached since a pass before `now` (not reported
-/// read: [`Touched::age`]); the whole file if the kernel cannot say which are cached.
-fn drop_complete(v: &ViewFile, now: Instant) -> usize {
+/// read: [`Touched::age`]), but those holding a write noted after `write_cutoff` (their pages may be
+/// dirty: see [`Touched::take_before`]; they are seen again on a later pass); the whole file if the
+/// kernel cannot say which are cached.
+fn drop_complete(v: &ViewFile, now: Instant, write_cutoff: Instant) -> usize {
     let cutoff = now.checked_sub(PASS).unwrap_or(now);
     match cached_steps(v.cached(), v.blob.toc.view_size()) {
         Ok(cached) => {
+            let young = v.touched.young_writes(write_cutoff);
             let due = v.touched.age(&cached, Instant::now(), cutoff);
-            for &(o, n) in &due {
+            let runs = without(&due, &young);
+            for &(o, n) in &runs {
                 drop_pages(v.cached(), o, n);
             }
-            due.len()
+            runs.len()
         }
         Err(e) => {
             tracing::debug!(path = %v.path.display(), error = %e, "cachestat failed: the whole file's pages dropped");
@@ -219,7 +260,7 @@ pub fn drop_pass(views: &[std::sync::Arc<ViewFile>], now: Instant) -> Dropped {
             out.synced += 1;
         }
         if whole {
-            out.ranges += drop_complete(v, now);
+            out.ranges += drop_complete(v, now, cutoff);
             continue;
         }
         for (o, n) in ranges {
@@ -254,6 +295,17 @@ mod tests {
         let (young, written) = t.take_before(Instant::now(), Instant::now());
         assert_eq!(young, vec![(1 << 30, 2 << 20)]);
         assert!(written);
+    }
+
+    #[test]
+    fn a_complete_files_steps_with_young_writes_stay() {
+        let s = DROP_STEP;
+        let runs = [(0, 3 * s), (5 * s, s), (8 * s, 2 * s)];
+        // A write inside the second step, and one across the last two.
+        let young = [(s, s), (8 * s + 4096, s)];
+        assert_eq!(without(&runs, &young), vec![(0, s), (2 * s, s), (5 * s, s)]);
+        assert_eq!(without(&runs, &[]), runs.to_vec());
+        assert_eq!(without(&[], &young), vec![]);
     }
 
     #[test]
