@@ -49,6 +49,41 @@ pub fn start_readers(
     stop: &Arc<AtomicBool>,
     counts: &Arc<Counts>,
 ) -> Vec<std::thread::JoinHandle<()>> {
+    spawn_readers(rootfs, files, stop, counts, false)
+}
+
+/// Readers as [`start_readers`] that drop each file's pages after reading it
+/// (`POSIX_FADV_DONTNEED`, which overlayfs passes to the layer), so that every read reaches the
+/// daemon again instead of only those of the first pass: for tests that need requests in flight
+/// whenever the server dies, in every mount mode.
+pub fn start_uncached_readers(
+    rootfs: &[PathBuf],
+    files: &Arc<BTreeMap<String, Vec<u8>>>,
+    stop: &Arc<AtomicBool>,
+    counts: &Arc<Counts>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    spawn_readers(rootfs, files, stop, counts, true)
+}
+
+/// Reads `path` whole; with `uncached`, then drops its pages from the page cache.
+fn read_file(path: &std::path::Path, uncached: bool) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut b = Vec::new();
+    f.read_to_end(&mut b)?;
+    if uncached {
+        rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)?;
+    }
+    Ok(b)
+}
+
+fn spawn_readers(
+    rootfs: &[PathBuf],
+    files: &Arc<BTreeMap<String, Vec<u8>>>,
+    stop: &Arc<AtomicBool>,
+    counts: &Arc<Counts>,
+    uncached: bool,
+) -> Vec<std::thread::JoinHandle<()>> {
     rootfs
         .iter()
         .enumerate()
@@ -60,7 +95,7 @@ pub fn start_readers(
                     for j in 0..names.len() {
                         let name = names[(j + k * 7) % names.len()];
                         let t = Instant::now();
-                        let got = std::fs::read(r.join("data").join(name));
+                        let got = read_file(&r.join("data").join(name), uncached);
                         counts
                             .longest_us
                             .fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);

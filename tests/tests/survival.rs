@@ -395,9 +395,10 @@ fn under_systemd_the_connection_waits_in_the_fd_store_across_a_crash() {
 }
 
 /// On a kernel without `FUSE_NOTIFY_RESEND` (< 6.9: Debian 12's and AL2023's 6.1) nothing brings a dead
-/// server's requests back but its journal: forced here (`STRATAD_NO_RESEND`), with a store 100 ms away
-/// and a cache too small for the image (reads keep missing), the server is killed under readers until
-/// successors have answered requests from the journal — and no read fails, hangs or is wrong.
+/// server's requests back but its journal: forced here (`STRATAD_NO_RESEND`), with a store 100 ms away,
+/// a cache too small for the image and readers that drop the pages they read (reads keep missing), the
+/// server is killed under readers until successors have answered requests from the journal — and no
+/// read fails, hangs or is wrong.
 #[test]
 fn without_kernel_resend_a_successor_answers_from_the_journal() {
     if !can_mount() {
@@ -427,7 +428,9 @@ fn without_kernel_resend_a_successor_answers_from_the_journal() {
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Counts::default());
-    let readers = start_readers(&rootfs, &files, &stop, &counts);
+    // Pages dropped after each read: in `loop` mode the image's page cache would otherwise hold the
+    // whole tree after the first pass, and no later kill could find a request in flight.
+    let readers = start_uncached_readers(&rootfs, &files, &stop, &counts);
     let mut replayed = 0;
     for round in 0..10 {
         std::thread::sleep(Duration::from_millis(150 + 40 * round));
