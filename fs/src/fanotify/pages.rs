@@ -10,8 +10,9 @@
 //! So each view file keeps a list of the ranges touched lately ([`Touched`]): the chunks written into
 //! it (dirty) and the ranges of the events allowed (the kernel reads them into the view file's page
 //! cache right after the answer). A background pass ([`drop_pass`], every [`PASS`]) takes the ranges
-//! read at least [`READ_DELAY`] ago and those written at least [`DELAY`] ago, writes the file's dirty
-//! pages out (`fdatasync`) if it takes a written one, and tells the kernel it will not need them
+//! read at least [`READ_DELAY`] ago and those written at least [`DELAY`] ago, writes the dirty pages
+//! of those ranges out if it takes a written one (`sync_file_range`, [`ViewFile::write_out`]: the
+//! younger ones stay unwritten), and tells the kernel it will not need them
 //! (`POSIX_FADV_DONTNEED`), which drops the clean pages. EROFS keeps its own copy of what it read; a
 //! page it evicts later comes back from the view file on disk (an event, allowed at once). A step
 //! that holds a write not yet [`DELAY`] old is not advised away before that write is due — neither a
@@ -231,17 +232,39 @@ fn drop_complete(v: &ViewFile, now: Instant, write_cutoff: Instant) -> usize {
     }
 }
 
+/// Writes the dirty pages of `ranges` (`(offset, len)`) of `file` to disk and waits for them: the
+/// pass drops only clean pages. Only those ranges — the file's younger dirty pages stay unwritten
+/// until their own pass, and no journal commit is forced, as `fdatasync` of the whole file did. Not a
+/// durability barrier: a view file is a cache whose chunks are checked again after a crash.
+pub(super) fn write_out(file: &File, ranges: &[(u64, u64)]) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    for &(o, n) in ranges {
+        let (Ok(o), Ok(n)) = (i64::try_from(o), i64::try_from(n)) else {
+            return Err(io::ErrorKind::InvalidInput.into());
+        };
+        // SAFETY: a system call on a descriptor `file` keeps open; no memory is passed.
+        if unsafe { libc::sync_file_range(file.as_raw_fd(), o, n, flags) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// What a pass dropped.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Dropped {
     /// Ranges advised away.
     pub ranges: usize,
-    /// Files whose dirty pages were written out first.
+    /// Files whose due written ranges were written out first.
     pub synced: usize,
 }
 
 /// Drops the pages of `views` read before `now - READ_DELAY` or written before `now - DELAY` (and
-/// those of the complete ones seen cached on a pass before `now - PASS`). A file that cannot be synced keeps its ranges for the next pass.
+/// those of the complete ones seen cached on a pass before `now - PASS`). A file whose due ranges
+/// cannot be written out keeps them for the next pass.
 pub fn drop_pass(views: &[std::sync::Arc<ViewFile>], now: Instant) -> Dropped {
     let cutoff = now.checked_sub(DELAY).unwrap_or(now);
     let read_cutoff = now.checked_sub(READ_DELAY).unwrap_or(now);
@@ -250,8 +273,8 @@ pub fn drop_pass(views: &[std::sync::Arc<ViewFile>], now: Instant) -> Dropped {
         let whole = v.unmarked.load(std::sync::atomic::Ordering::Acquire);
         let (ranges, written) = v.touched.take_before(read_cutoff, cutoff);
         if written {
-            if let Err(e) = v.sync() {
-                tracing::warn!(path = %v.path.display(), error = %e, "view file not synced: its pages stay cached");
+            if let Err(e) = v.write_out(&ranges) {
+                tracing::warn!(path = %v.path.display(), error = %e, "view file not written out: its pages stay cached");
                 for &(o, n) in &ranges {
                     v.touched.note(o, n, true);
                 }
@@ -295,6 +318,36 @@ mod tests {
         let (young, written) = t.take_before(Instant::now(), Instant::now());
         assert_eq!(young, vec![(1 << 30, 2 << 20)]);
         assert!(written);
+    }
+
+    #[test]
+    fn writing_out_leaves_other_ranges_dirty() {
+        use super::super::sys::page_counts;
+        use std::os::unix::fs::FileExt;
+        // On the disk's filesystem (tmpfs keeps no dirty pages to write).
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("view"))
+            .expect("open");
+        let mib = 1u64 << 20;
+        f.write_all_at(&vec![7u8; mib as usize], 0).expect("write");
+        f.write_all_at(&vec![9u8; mib as usize], 8 * mib)
+            .expect("write");
+        let dirty = |o| page_counts(f.as_fd(), o, mib).expect("cachestat").1;
+        if dirty(0) == 0 {
+            eprintln!("this filesystem reports no dirty pages: nothing to test");
+            return;
+        }
+        write_out(&f, &[(0, mib)]).expect("write out");
+        assert_eq!(dirty(0), 0, "the range written out is clean");
+        assert!(dirty(8 * mib) > 0, "the other range is still dirty");
+        write_out(&f, &[(8 * mib, mib)]).expect("write out");
+        assert_eq!(dirty(8 * mib), 0);
+        assert!(write_out(&f, &[(u64::MAX, 1)]).is_err(), "past any offset");
     }
 
     #[test]

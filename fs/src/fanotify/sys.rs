@@ -260,6 +260,11 @@ pub fn probe(file: &Path) -> Option<String> {
 /// the file), by `cachestat(2)` (Linux 6.5; `fanotify` mode needs 6.14). Not `mincore` over a
 /// mapping: mapping a watched view file is a pre-content event for all of it, which fills it.
 pub fn cached_pages(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<u64> {
+    Ok(page_counts(file, offset, len)?.0)
+}
+
+/// Of the pages [`cached_pages`] counts, those dirty too: `(cached, dirty)`.
+pub fn page_counts(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<(u64, u64)> {
     // `struct cachestat_range` and `struct cachestat` (include/uapi/linux/mman.h).
     #[repr(C)]
     struct Range {
@@ -294,7 +299,7 @@ pub fn cached_pages(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<u
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(st.cache)
+    Ok((st.cache, st.dirty))
 }
 
 #[cfg(test)]

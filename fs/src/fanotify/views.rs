@@ -462,9 +462,9 @@ impl ViewFile {
         Ok(())
     }
 
-    /// Writes the file's dirty pages to disk ([`super::pages`] drops only clean ones).
-    pub fn sync(&self) -> io::Result<()> {
-        self.file.sync_data()
+    /// Writes the dirty pages of `ranges` out ([`super::pages::write_out`]).
+    pub fn write_out(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        super::pages::write_out(&self.file, ranges)
     }
 
     /// The descriptor the kernel's page cache of this file is advised through.
