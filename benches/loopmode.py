@@ -105,9 +105,19 @@ def cached():
 
 def disk_read():
     """Bytes read from block devices so far (`pgpgin` in /proc/vmstat counts KiB)."""
+    return paged("pgpgin")
+
+
+def disk_written():
+    """Bytes written to block devices so far (`pgpgout`, KiB)."""
+    return paged("pgpgout")
+
+
+def paged(key):
     for line in open("/proc/vmstat"):
-        if line.startswith("pgpgin "):
+        if line.startswith(key + " "):
             return int(line.split()[1]) << 10
+    return 0
 
 
 def timed(argv, shell=False):

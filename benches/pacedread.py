@@ -3,36 +3,17 @@
 first) read in 4 MiB pieces with a pause after each (PAUSE seconds, default 0.02), so that its fills
 go on for several seconds and the page dropper's passes write back and drop pages meanwhile. Prints,
 for each stratad build given (alternated, reversed every other round), the time spent inside the
-reads, the longest read and the disk writes during the read (`/proc/diskstats`, the disk holding
-/var/tmp), with their medians.
+reads, the longest read and the disk writes during the read (`pgpgout`), with their medians.
 
 usage: sudo benches/pacedread.py ROUNDS STRATAD [STRATAD...]
 """
-import os, sys, time, statistics, subprocess
+import os, sys, time, statistics
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loopmode import STORE, disk_written, drop_caches
 from stratad import Daemon
-STORE = f"file://{os.environ.get('BENCH_DATA', '/var/tmp/strata-bench-loop')}/store"
 BINS = sys.argv[2:]
 ROUNDS = int(sys.argv[1])
 PAUSE = float(os.environ.get("PAUSE", "0.02"))
-
-def disk():
-    """The name of the disk holding /var/tmp (its whole device, e.g. vda for vda1)."""
-    dev = os.stat("/var/tmp").st_dev
-    name = os.path.basename(os.path.realpath(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"))
-    parent = os.path.basename(os.path.dirname(os.path.realpath(f"/sys/class/block/{name}")))
-    return parent if os.path.exists(f"/sys/class/block/{name}/partition") else name
-
-
-DISK = disk()
-
-
-def sectors_written():
-    for l in open("/proc/diskstats"):
-        p = l.split()
-        if p[2] == DISK:
-            return int(p[9])
-    return 0
 
 res = {b: [] for b in BINS}
 for r in range(ROUNDS):
@@ -40,8 +21,8 @@ for r in range(ROUNDS):
         d = Daemon(STORE, args=("--mount-mode", "fanotify"), binary=b)
         try:
             f = f"{d.mount('big:v1', 's')['rootfs']}/data/big"
-            subprocess.run("sync; echo 3 > /proc/sys/vm/drop_caches", shell=True)
-            w0 = sectors_written()
+            drop_caches()
+            w0 = disk_written()
             inside, longest, t0 = 0.0, 0.0, time.perf_counter()
             with open(f, "rb", buffering=0) as fh:
                 while True:
@@ -53,9 +34,9 @@ for r in range(ROUNDS):
                         break
                     time.sleep(PAUSE)
             wall = time.perf_counter() - t0
-            w1 = sectors_written()
-            res[b].append((inside, longest, (w1 - w0) * 512 / 2**20, wall))
-            print(f"{os.path.basename(b)}: inside {inside:.3f} s longest {longest*1e3:.1f} ms written {(w1-w0)*512/2**20:.0f} MiB wall {wall:.2f} s", flush=True)
+            mib = (disk_written() - w0) / 2**20
+            res[b].append((inside, longest, mib, wall))
+            print(f"{os.path.basename(b)}: inside {inside:.3f} s longest {longest*1e3:.1f} ms written {mib:.0f} MiB wall {wall:.2f} s", flush=True)
         finally:
             d.stop()
 for b in BINS:

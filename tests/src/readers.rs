@@ -42,47 +42,36 @@ pub struct Counts {
     pub longest_us: AtomicU64,
 }
 
+/// What a reader does with a file's pages after reading it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Pages {
+    /// Leaves them cached: after the first pass most reads are served by the page cache.
+    Kept,
+    /// Drops them (`POSIX_FADV_DONTNEED`, which overlayfs passes to the layer), so that every read
+    /// reaches the daemon again: for tests that need requests in flight whenever the server dies,
+    /// in every mount mode.
+    Dropped,
+}
+
+/// Reads `path` whole, then does with its pages as `pages` says.
+fn read_file(path: &std::path::Path, pages: Pages) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut b = Vec::new();
+    f.read_to_end(&mut b)?;
+    if pages == Pages::Dropped {
+        rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)?;
+    }
+    Ok(b)
+}
+
 /// Readers: one thread per rootfs reading every file in a loop (order rotated per thread) until `stop`.
 pub fn start_readers(
     rootfs: &[PathBuf],
     files: &Arc<BTreeMap<String, Vec<u8>>>,
     stop: &Arc<AtomicBool>,
     counts: &Arc<Counts>,
-) -> Vec<std::thread::JoinHandle<()>> {
-    spawn_readers(rootfs, files, stop, counts, false)
-}
-
-/// Readers as [`start_readers`] that drop each file's pages after reading it
-/// (`POSIX_FADV_DONTNEED`, which overlayfs passes to the layer), so that every read reaches the
-/// daemon again instead of only those of the first pass: for tests that need requests in flight
-/// whenever the server dies, in every mount mode.
-pub fn start_uncached_readers(
-    rootfs: &[PathBuf],
-    files: &Arc<BTreeMap<String, Vec<u8>>>,
-    stop: &Arc<AtomicBool>,
-    counts: &Arc<Counts>,
-) -> Vec<std::thread::JoinHandle<()>> {
-    spawn_readers(rootfs, files, stop, counts, true)
-}
-
-/// Reads `path` whole; with `uncached`, then drops its pages from the page cache.
-fn read_file(path: &std::path::Path, uncached: bool) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let mut b = Vec::new();
-    f.read_to_end(&mut b)?;
-    if uncached {
-        rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)?;
-    }
-    Ok(b)
-}
-
-fn spawn_readers(
-    rootfs: &[PathBuf],
-    files: &Arc<BTreeMap<String, Vec<u8>>>,
-    stop: &Arc<AtomicBool>,
-    counts: &Arc<Counts>,
-    uncached: bool,
+    pages: Pages,
 ) -> Vec<std::thread::JoinHandle<()>> {
     rootfs
         .iter()
@@ -95,7 +84,7 @@ fn spawn_readers(
                     for j in 0..names.len() {
                         let name = names[(j + k * 7) % names.len()];
                         let t = Instant::now();
-                        let got = read_file(&r.join("data").join(name), uncached);
+                        let got = read_file(&r.join("data").join(name), pages);
                         counts
                             .longest_us
                             .fetch_max(t.elapsed().as_micros() as u64, Ordering::Relaxed);

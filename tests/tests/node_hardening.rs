@@ -56,7 +56,7 @@ fn bad_binaries_at_stratads_path_never_take_the_node_down() {
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Counts::default());
-    let readers = start_readers(&rootfs, &files, &stop, &counts);
+    let readers = start_readers(&rootfs, &files, &stop, &counts, Pages::Kept);
     let first = d.server_pid();
 
     // Not executable: refused before the serving server is touched.

@@ -32,7 +32,7 @@ fn sandboxes_survive_kill_9_of_the_server_and_an_upgrade() {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Counts::default());
-    let readers = start_readers(&rootfs, &files, &stop, &counts);
+    let readers = start_readers(&rootfs, &files, &stop, &counts, Pages::Kept);
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut stalls = Vec::new();
     for round in 0..6 {
@@ -366,7 +366,13 @@ fn under_systemd_the_connection_waits_in_the_fd_store_across_a_crash() {
     let r = PathBuf::from(d.ok(&["mount", "tree:v1", "--sandbox", "a"]));
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Counts::default());
-    let readers = start_readers(std::slice::from_ref(&r), &files, &stop, &counts);
+    let readers = start_readers(
+        std::slice::from_ref(&r),
+        &files,
+        &stop,
+        &counts,
+        Pages::Kept,
+    );
     std::thread::sleep(Duration::from_millis(300));
     drop_caches();
     let _ = p1.kill();
@@ -430,7 +436,7 @@ fn without_kernel_resend_a_successor_answers_from_the_journal() {
     let counts = Arc::new(Counts::default());
     // Pages dropped after each read: in `loop` mode the image's page cache would otherwise hold the
     // whole tree after the first pass, and no later kill could find a request in flight.
-    let readers = start_uncached_readers(&rootfs, &files, &stop, &counts);
+    let readers = start_readers(&rootfs, &files, &stop, &counts, Pages::Dropped);
     let mut replayed = 0;
     for round in 0..10 {
         std::thread::sleep(Duration::from_millis(150 + 40 * round));

@@ -261,7 +261,7 @@ pub struct Dropped {
     /// Ranges advised away.
     pub ranges: usize,
     /// Files whose due written ranges were written out first.
-    pub synced: usize,
+    pub written_out: usize,
 }
 
 /// Drops the pages of `views` read before `now - READ_DELAY` or written before `now - DELAY` (and
@@ -282,7 +282,7 @@ pub fn drop_pass(views: &[std::sync::Arc<ViewFile>], now: Instant) -> Dropped {
                 }
                 continue;
             }
-            out.synced += 1;
+            out.written_out += 1;
         }
         if whole {
             out.ranges += drop_complete(v, now, cutoff);

@@ -635,8 +635,8 @@ fn a_view_files_pages_are_dropped_once_the_kernel_had_them() {
     assert!(resident(&path) > 0, "young pages stay");
     let dropped = pages::drop_pass(&s.views.all(), later());
     assert_eq!(
-        dropped.synced, 1,
-        "written pages are synced before they are dropped"
+        dropped.written_out, 1,
+        "written pages are written out before they are dropped"
     );
     assert_eq!(
         resident(&path),
